@@ -1,0 +1,72 @@
+"""One noxfile for the whole monorepo.
+
+Every session installs the packages editable from this checkout, with torch pinned by constraints.txt
+(a CPU build on the project's machines), so `nox -s tests` means the same thing everywhere.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
+# Installation order matters: each package may depend on those before it.
+PACKAGES = ("schedules", "partition", "offload", "runtime")
+EXTRAS = {"schedules": "plot,test", "partition": "profile,test", "offload": "", "runtime": "hf,cli,test"}
+TEST_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+nox.options.sessions = ["lint", "tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+
+def _install(session: nox.Session, packages=PACKAGES) -> None:
+    session.install(*CONSTRAINTS, "pip>=23")
+    # Pin torch first so no dependency resolves an unpinned (multi-GB CUDA) build.
+    session.install(*CONSTRAINTS, "torch")
+    specs = []
+    for name in packages:
+        extras = EXTRAS[name]
+        specs += ["-e", f"packages/{name}[{extras}]" if extras else f"packages/{name}"]
+    session.install(*CONSTRAINTS, *specs, "pytest", "hypothesis", "pytest-timeout")
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Every package's tests and the cross-package tests in tests/."""
+    _install(session)
+    session.run("pytest", *(session.posargs or []), env=TEST_ENV)
+
+
+@nox.session
+@nox.parametrize("package", list(PACKAGES))
+def package_tests(session: nox.Session, package: str) -> None:
+    """One package's tests, installed with only what it declares (plus the packages it builds on)."""
+    _install(session, PACKAGES[: PACKAGES.index(package) + 1])
+    session.run("pytest", f"packages/{package}/tests", *session.posargs, env=TEST_ENV)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff over the whole tree."""
+    session.install("ruff")
+    session.run("ruff", "check", ".")
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """The main job on its embedded default."""
+    _install(session)
+    out = os.environ.get("BUBBLELESS_OUT", "out")
+    session.run("bubbleless-schedules", "compare", "-p", "8", "-m", "24", env=TEST_ENV)
+    session.run("bubbleless-schedules", "show", "zbv", "-p", "4", "-m", "8",
+                "--png", f"{out}/zbv.png", "--trace", f"{out}/zbv.trace.json", env=TEST_ENV)
+
+
+@nox.session
+def golden(session: nox.Session) -> None:
+    """Regenerate the golden schedule CSV files after an intended change."""
+    _install(session, ("schedules",))
+    session.run("python", "-m", "bubbleless_schedules.golden", "packages/schedules/tests/golden")

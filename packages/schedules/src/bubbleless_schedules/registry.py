@@ -1,0 +1,115 @@
+"""Generators register by name; ``generate`` looks them up, checks the input and the result.
+
+A generator is a pure function::
+
+    @register("my-schedule", "alias")
+    def my_schedule(*, num_ranks, num_microbatches, costs, memory_limit, **options) -> Schedule: ...
+
+``costs`` is always a ``Costs`` (unit costs when the caller gave none); ``memory_limit`` is in M_B or
+None. A generator raises ``ValueError`` naming the constraint for shapes it cannot support. After it
+returns, ``generate`` validates the schedule and checks the memory limit, so no generator repeats that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .costs import Costs
+from .schedule import Schedule
+from .simulate import peak_memory
+from .validate import validate
+
+Generator = Callable[..., Schedule]
+_GENERATORS: dict[str, Generator] = {}
+_ALIASES: dict[str, str] = {}
+
+
+def register(name: str, *aliases: str) -> Callable[[Generator], Generator]:
+    """Decorator: make a generator available to ``generate(name)`` (and under each alias)."""
+
+    def wrap(fn: Generator) -> Generator:
+        for key in (name, *aliases):
+            if key in _GENERATORS or key in _ALIASES:
+                raise ValueError(f"a schedule named {key!r} is already registered")
+        _GENERATORS[name] = fn
+        for alias in aliases:
+            _ALIASES[alias] = name
+        return fn
+
+    return wrap
+
+
+def available() -> list[str]:
+    """Registered schedule names (aliases not included), in registration order."""
+    _load_builtin()
+    return list(_GENERATORS)
+
+
+def aliases() -> dict[str, str]:
+    _load_builtin()
+    return dict(_ALIASES)
+
+
+def canonical_name(name: str) -> str:
+    _load_builtin()
+    name = _ALIASES.get(name, name)
+    if name not in _GENERATORS:
+        raise ValueError(
+            f"unknown schedule {name!r}; choose one of {', '.join(available())} "
+            f"(aliases: {', '.join(f'{a}={n}' for a, n in _ALIASES.items())})"
+        )
+    return name
+
+
+def _check_int(name: str, value, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def generate(
+    name: str,
+    *,
+    num_ranks: int,
+    num_microbatches: int,
+    costs: Costs | None = None,
+    memory_limit: float | None = None,
+    **options,
+) -> Schedule:
+    """Build the schedule ``name`` for ``num_ranks`` ranks and ``num_microbatches`` micro-batches.
+
+    ``costs`` (default: unit costs) steer cost-aware generators; ``memory_limit`` (in M_B, the
+    activations of one micro-batch on one rank's share) bounds every rank's peak. Raises ``ValueError``
+    saying what to change when the name is unknown, the shape is unsupported or the limit cannot be met.
+    """
+    fn = _GENERATORS[canonical_name(name)]
+    _check_int("num_ranks", num_ranks, 1)
+    _check_int("num_microbatches", num_microbatches, 1)
+    if memory_limit is not None and not memory_limit > 0:
+        raise ValueError(f"memory_limit is in M_B and must be positive, got {memory_limit!r}")
+    costs = Costs.unit() if costs is None else costs
+    if not isinstance(costs, Costs):
+        raise ValueError(f"costs must be a bubbleless_schedules.Costs, got {type(costs).__name__}")
+    schedule = fn(
+        num_ranks=num_ranks, num_microbatches=num_microbatches, costs=costs, memory_limit=memory_limit, **options
+    )
+    validate(schedule)
+    if memory_limit is not None:
+        peak = max(peak_memory(schedule, options.get("input_grad_frees", 0.0)))
+        if peak > memory_limit + 1e-9:
+            raise ValueError(
+                f"schedule {schedule.name!r} needs {peak:g} M_B of activations on its busiest rank, above "
+                f"memory_limit={memory_limit:g}; raise the limit to at least {peak:g} or pick a schedule "
+                f"with a lower peak (see `bubbleless-schedules compare`)"
+            )
+    return schedule
+
+
+_loaded = False
+
+
+def _load_builtin() -> None:
+    """Import the built-in generators once, on first use (never at package import)."""
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        from . import generators  # noqa: F401  (registers on import)
