@@ -1,0 +1,158 @@
+"""Hugging Face causal LMs cut into pipeline layers: [embedding, decoder layers..., final norm + LM head].
+
+Every layer is an ``nn.Module`` that takes and returns the activation, so any schedule can put the cut
+anywhere. Dense models pass ``hidden_states``; MoE models pass ``(hidden_states, router_stats)`` where
+``router_stats`` has shape ``(batch, 2, num_experts)``: per sample, row 0 counts the top-k assignments
+and row 1 sums the router probabilities over every token and every MoE layer seen so far. Carrying these
+sums (not a per-layer loss) is what lets the last stage compute exactly Hugging Face's load-balancing loss,
+which multiplies layer-averaged counts by layer-averaged probabilities. The batch dimension comes first so
+micro-batching along dim 0 splits the stats with the tokens.
+
+Rotary embeddings and the causal mask are recomputed inside each decoder wrapper from the sequence
+length: they are cheap, and recomputing them keeps the activation crossing a stage boundary small.
+The wrappers hold references to the Hugging Face modules (no copies), so the parameter names of the
+original model, and LoRA adapters injected by peft before or after the cut, stay valid.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class EmbeddingLayer(nn.Module):
+    """Token ids ``(batch, seq)`` -> hidden states (plus zeroed router stats for MoE models)."""
+
+    def __init__(self, embed_tokens: nn.Embedding, *, num_experts: int = 0) -> None:
+        super().__init__()
+        self.embed_tokens = embed_tokens
+        self.num_experts = num_experts
+
+    def forward(self, input_ids: torch.Tensor):
+        hidden = self.embed_tokens(input_ids)
+        if not self.num_experts:
+            return hidden
+        stats = hidden.new_zeros(input_ids.shape[0], 2, self.num_experts, dtype=torch.float32)
+        return hidden, stats
+
+
+class DecoderLayer(nn.Module):
+    """One Hugging Face decoder layer with its own rotary embedding and causal mask."""
+
+    def __init__(self, layer: nn.Module, *, rotary_emb: nn.Module, config, layer_index: int) -> None:
+        super().__init__()
+        self.layer = layer
+        # Not registered as a submodule: it holds no parameters, and one instance serves every layer.
+        object.__setattr__(self, "rotary_emb", rotary_emb)
+        object.__setattr__(self, "config", config)
+        layer_types = getattr(config, "layer_types", None)
+        self.sliding = bool(layer_types) and layer_types[layer_index] == "sliding_attention"
+        self.router = _router_of(layer)
+        self.num_experts = getattr(config, "num_experts", 0) or 0
+        self.top_k = getattr(config, "num_experts_per_tok", 0) or 0
+
+    def forward(self, activation):
+        moe = isinstance(activation, tuple)
+        hidden, stats = activation if moe else (activation, None)
+        mask, position_embeddings, position_ids = self._attention_inputs(hidden)
+        captured: list[torch.Tensor] = []
+        handle = None
+        if self.router is not None:
+            handle = self.router.register_forward_hook(lambda _m, _i, out: captured.append(out[0]))
+        try:
+            hidden = self.layer(
+                hidden,
+                attention_mask=mask,
+                position_ids=position_ids,
+                position_embeddings=position_embeddings,
+            )
+        finally:
+            if handle is not None:
+                handle.remove()
+        if isinstance(hidden, tuple):  # older transformers return (hidden_states, ...)
+            hidden = hidden[0]
+        if not moe:
+            return hidden
+        for router_logits in captured:
+            stats = stats + self._router_stats(router_logits, hidden.shape[0])
+        return hidden, stats
+
+    def _attention_inputs(self, hidden: torch.Tensor):
+        from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+
+        positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
+        make_mask = create_sliding_window_causal_mask if self.sliding else create_causal_mask
+        mask = make_mask(
+            config=self.config, inputs_embeds=hidden, attention_mask=None, cache=None, position_ids=positions
+        )
+        return mask, self.rotary_emb(hidden, positions), positions
+
+    def _router_stats(self, router_logits: torch.Tensor, batch: int) -> torch.Tensor:
+        """Per-sample top-k counts and probability sums, as Hugging Face's load_balancing_loss_func adds them."""
+        probs = torch.softmax(router_logits, dim=-1)
+        _, selected = torch.topk(probs, self.top_k, dim=-1)
+        counts = nn.functional.one_hot(selected, self.num_experts).sum(dim=-2).to(torch.float32)
+        counts = counts.view(batch, -1, self.num_experts).sum(dim=1)
+        prob_sums = probs.float().view(batch, -1, self.num_experts).sum(dim=1)
+        return torch.stack([counts, prob_sums], dim=1)
+
+
+class HeadLayer(nn.Module):
+    """Final norm + LM head: hidden states -> logits (router stats passed through for MoE)."""
+
+    def __init__(self, norm: nn.Module, lm_head: nn.Linear) -> None:
+        super().__init__()
+        self.norm = norm
+        self.lm_head = lm_head
+
+    def forward(self, activation):
+        if isinstance(activation, tuple):
+            hidden, stats = activation
+            return self.lm_head(self.norm(hidden)), stats
+        return self.lm_head(self.norm(activation))
+
+
+def _router_of(layer: nn.Module) -> nn.Module | None:
+    """The MoE router (``mlp.gate`` returning logits first) of a decoder layer, None for dense MLPs."""
+    mlp = getattr(layer, "mlp", None)
+    if mlp is None or not hasattr(mlp, "experts"):
+        return None
+    return getattr(mlp, "gate", None)
+
+
+def cut_causal_lm(model: nn.Module) -> list[nn.Module]:
+    """Cut a Hugging Face ``*ForCausalLM`` (or a peft model wrapping one) into pipeline layers.
+
+    The layers share the model's modules: training them trains ``model``, and ``model.save_pretrained``
+    (or peft's) saves what they learned.
+    """
+    causal_lm = _unwrap_peft(model)
+    base = getattr(causal_lm, "model", None)
+    needed = ("embed_tokens", "layers", "norm", "rotary_emb")
+    if base is None or not all(hasattr(base, n) for n in needed) or not hasattr(causal_lm, "lm_head"):
+        raise ValueError(
+            f"cannot cut {type(causal_lm).__name__}: expected a *ForCausalLM with .model.embed_tokens, "
+            ".model.layers, .model.norm, .model.rotary_emb and .lm_head (Llama, Qwen3, Qwen3-MoE)"
+        )
+    config = causal_lm.config
+    num_experts = getattr(config, "num_experts", 0) or 0
+    decoders = [
+        DecoderLayer(layer, rotary_emb=base.rotary_emb, config=config, layer_index=i)
+        for i, layer in enumerate(base.layers[: config.num_hidden_layers])
+    ]
+    moe = num_experts and any(d.router is not None for d in decoders)
+    return [
+        EmbeddingLayer(base.embed_tokens, num_experts=num_experts if moe else 0),
+        *decoders,
+        HeadLayer(base.norm, causal_lm.lm_head),
+    ]
+
+
+def count_moe_layers(layers: list[nn.Module]) -> int:
+    """How many decoder layers route through experts (the load-balancing loss averages over them)."""
+    return sum(1 for layer in layers if isinstance(layer, DecoderLayer) and layer.router is not None)
+
+
+def _unwrap_peft(model: nn.Module) -> nn.Module:
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
