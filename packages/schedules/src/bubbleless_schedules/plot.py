@@ -1,0 +1,105 @@
+"""A Gantt chart of a timeline as a PNG (matplotlib is an optional extra).
+
+matplotlib is imported inside the function, never at package import, so the package stays pure
+Python; without it ``plot_timeline`` raises ImportError saying which extra to install. The chart uses
+matplotlib's object API (``Figure`` with the Agg canvas), not pyplot, so drawing a chart never changes
+the caller's global backend or leaks figures.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .action import Kind
+from .simulate import Timeline
+
+KIND_COLOURS = {
+    Kind.F: "#4c72b0",  # blue
+    Kind.I: "#dd8452",  # orange
+    Kind.W: "#55a868",  # green
+    Kind.B: "#c44e52",  # red: I and W fused
+    Kind.R: "#8172b3",  # purple
+    Kind.LOAD: "#937860",
+    Kind.STORE: "#da8bc3",
+}
+OTHER_COLOUR = "#8c8c8c"
+KIND_NAMES = {
+    Kind.F: "F forward", Kind.I: "I input-grad", Kind.W: "W weight-grad", Kind.B: "B full backward",
+    Kind.R: "R recompute", Kind.LOAD: "load weights", Kind.STORE: "store grads",
+}
+
+
+def _import_matplotlib():
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+        from matplotlib.patches import Patch
+    except ImportError as exc:
+        raise ImportError(
+            "drawing a PNG needs matplotlib: pip install bubbleless-schedules[plot]"
+        ) from exc
+    return Figure, FigureCanvasAgg, Patch
+
+
+def _shade(colour: str, chunk: int, chunks: int) -> tuple[float, float, float]:
+    """Later chunks of a worker (the way back in a V) are drawn lighter, so chunks tell apart."""
+    rgb = [int(colour[i:i + 2], 16) / 255 for i in (1, 3, 5)]
+    mix = 0.45 * chunk / max(1, chunks - 1) if chunks > 1 else 0.0
+    return tuple(c + (1 - c) * mix for c in rgb)
+
+
+def chart_title(timeline: Timeline) -> str:
+    s = timeline.schedule
+    return (
+        f"{s.name or 'schedule'}  p={s.num_workers} m={s.num_microbatches} stages={s.num_stages}   "
+        f"makespan {timeline.makespan:.4g}   bubble {timeline.bubble_rate:.1%} "
+        f"(in-span {timeline.span_bubble_rate:.1%})   peak memory {timeline.max_peak_memory:.3g} M_B"
+    )
+
+
+def plot_timeline(timeline: Timeline, path: str | Path | None = None, *, dpi: int = 120, title: str | None = None):
+    """Draw ``timeline`` as a Gantt chart; write a PNG to ``path`` when given. Returns the Figure.
+
+    One row per worker, one box per action coloured by kind with its micro-batch number inside
+    (when the box is wide enough), title with makespan, both bubble rates and peak memory.
+    """
+    Figure, FigureCanvasAgg, Patch = _import_matplotlib()
+    schedule = timeline.schedule
+    workers = schedule.num_workers
+    timed = [s for s in timeline.spans if s.end > s.start]
+    origin = min((s.start for s in timed), default=0.0)
+    makespan = max((s.end for s in timed), default=1.0) - origin or 1.0
+
+    width_inches = min(40.0, max(8.0, 0.12 * max((len(r) for r in schedule.actions), default=1)))
+    figure = Figure(figsize=(width_inches, 0.5 * workers + 1.6), dpi=dpi)
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot(1, 1, 1)
+    # Roughly how many characters fit in one time unit, to decide which boxes get a number.
+    chars_per_unit = width_inches * 0.85 * 72 / 7 / makespan
+    for span in timed:
+        action = span.action
+        stages = schedule.stages_of(span.worker)
+        chunk = stages.index(action.stage) if action.stage in stages else 0
+        colour = _shade(KIND_COLOURS.get(action.kind, OTHER_COLOUR), chunk, len(stages))
+        left, length = span.start - origin, span.end - span.start
+        axes.broken_barh([(left, length)], (span.worker - 0.4, 0.8), facecolors=[colour],
+                         edgecolors="white", linewidth=0.5)
+        label = "" if action.microbatch is None else str(action.microbatch)
+        if label and length * chars_per_unit >= len(label) + 0.5:
+            axes.text(left + length / 2, span.worker, label, ha="center", va="center", fontsize=7, color="white")
+    axes.set_ylim(workers - 0.5, -0.5)
+    axes.set_xlim(0, makespan)
+    noun = "rank" if schedule.stage_to_rank is not None else "device"
+    axes.set_yticks(range(workers))
+    axes.set_yticklabels([f"{noun} {w}" for w in range(workers)])
+    axes.set_xlabel("time")
+    axes.set_title(title or chart_title(timeline), fontsize=9)
+    kinds = sorted({s.action.kind for s in timed}, key=list(Kind).index)
+    handles = [Patch(facecolor=KIND_COLOURS.get(k, OTHER_COLOUR), label=KIND_NAMES.get(k, k.value)) for k in kinds]
+    axes.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, frameon=False)
+    figure.tight_layout()
+    if path is not None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        figure.savefig(path, dpi=dpi)
+    return figure
