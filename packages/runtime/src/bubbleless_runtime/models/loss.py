@@ -47,7 +47,9 @@ class CausalLMLoss:
         return (totals[0] * totals[1]).sum() * self.num_experts
 
 
-def chunked_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, *, chunk_tokens: int = 4096) -> torch.Tensor:
+def chunked_cross_entropy(
+    logits: torch.Tensor, labels: torch.Tensor, *, chunk_tokens: int = 4096
+) -> torch.Tensor:
     """Mean cross-entropy of ``logits[:, t]`` predicting ``labels[:, t + 1]``, computed chunk by chunk."""
     if logits.shape[:2] != labels.shape:
         raise ValueError(
