@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from importlib import import_module
 from typing import Protocol
 
 from .action import COMM_KINDS, Action, Kind
@@ -51,7 +52,14 @@ def register_layout(name: str) -> Callable[[type], type]:
     return wrap
 
 
+_BUILTIN_LAYOUT_MODULES = {"roundrobin": ".roundrobin_layout"}
+"""Layouts defined outside this module, imported on first use so every schedule of theirs simulates."""
+
+
 def layout_of(schedule) -> Layout:
+    module = _BUILTIN_LAYOUT_MODULES.get(schedule.layout)
+    if schedule.layout not in _LAYOUTS and module is not None:
+        import_module(module, __package__)  # registers the layout on import
     try:
         return _LAYOUTS[schedule.layout]
     except KeyError:
@@ -65,15 +73,24 @@ class PipelineLayout:
     """Stage-bound pipelines: stage s feeds s+1 forward and s-1 backward.
 
     Events: ``("F", s, m)`` forward output of stage s; ``("G", s, m)`` gradient w.r.t. stage s's input
-    (made by I or B); ``("W", s, m)`` weight gradient done; ``("SENT", kind, s, m)`` a lowered send issued.
+    (made by I or B); ``("W", s, m)`` weight gradient done; ``("SENT", kind, s, m)`` a lowered send issued;
+    ``("RECEIVED", kind, s, m)`` a lowered receive completed.
+
+    A schedule lowered by ``lowering.add_communication`` carries ``meta.comm=1``: there a compute whose
+    input comes from another rank requires its own local RECV (which requires the peer's SEND, seen
+    ``costs.comm`` later) instead of the peer's compute. Without the flag, rules are as before.
     """
 
     def requires(self, action: Action, schedule) -> tuple[Event, ...]:
         s, m, kind, last = action.stage, action.microbatch, action.kind, schedule.num_stages - 1
         if kind is Kind.F:
-            return (("F", s - 1, m),) if s > 0 else ()
+            if s == 0:
+                return ()
+            return (_input_event(schedule, Kind.RECV_F, s, m) or ("F", s - 1, m),)
         if kind in (Kind.I, Kind.B):
-            return (("F", s, m),) + ((("G", s + 1, m),) if s < last else ())
+            if s == last:
+                return (("F", s, m),)
+            return (("F", s, m), _input_event(schedule, Kind.RECV_B, s, m) or ("G", s + 1, m))
         if kind is Kind.W:
             return (("G", s, m),)
         if kind is Kind.SEND_F:
@@ -113,9 +130,10 @@ class PipelineLayout:
         return costs.of(action.kind, action.stage, schedule.stages_per_rank)
 
     def missing(self, schedule) -> list[str]:
-        """Every (stage, mb) needs one F and either one B or one I and one W."""
+        """Every (stage, mb) needs one F and either one B or one I and one W (and, when lowered, one
+        SEND and one RECV for every edge between two ranks)."""
         counts = Counter(a for _, _, a in schedule.all_actions() if a.kind not in COMM_KINDS)
-        problems = []
+        problems = _missing_comm(schedule) if is_lowered(schedule) else []
         for s in range(schedule.num_stages):
             for m in range(schedule.num_microbatches):
                 if counts[Action(s, Kind.F, m)] != 1:
@@ -126,3 +144,38 @@ class PipelineLayout:
                         f"stage {s} micro-batch {m} has {b} B, {i} I, {w} W; needs one B, or one I and one W"
                     )
         return problems
+
+
+def is_lowered(schedule) -> bool:
+    """True for a stage-bound schedule that carries its own sends and receives (``meta.comm=1``)."""
+    return schedule.meta.get("comm", (0,)) == (1,)
+
+
+def _crosses_ranks(schedule, producer: int, consumer: int) -> bool:
+    placement = schedule.stage_to_rank
+    return placement is not None and placement[producer] != placement[consumer]
+
+
+def _input_event(schedule, recv: Kind, stage: int, mb: int) -> Event | None:
+    """In a lowered schedule, the local receive a compute on ``stage`` waits for (None if its input is local)."""
+    producer = stage - 1 if recv is Kind.RECV_F else stage + 1
+    if is_lowered(schedule) and _crosses_ranks(schedule, producer, stage):
+        return ("RECEIVED", recv, stage, mb)
+    return None
+
+
+def _missing_comm(schedule) -> list[str]:
+    """Each cross-rank edge of a lowered schedule needs exactly one SEND and one RECV."""
+    counts = Counter(a for _, _, a in schedule.all_actions() if a.kind in COMM_KINDS)
+    problems = []
+    edges = ((Kind.SEND_F, Kind.RECV_F, 1), (Kind.SEND_B, Kind.RECV_B, -1))  # (send, recv, consumer offset)
+    for s in range(schedule.num_stages):
+        for send, recv, step in edges:
+            t = s + step
+            if not 0 <= t < schedule.num_stages or not _crosses_ranks(schedule, s, t):
+                continue
+            for m in range(schedule.num_microbatches):
+                for action in (Action(s, send, m), Action(t, recv, m)):
+                    if counts[action] != 1:
+                        problems.append(f"lowered schedule has {counts[action]} of {action}, needs 1")
+    return problems
