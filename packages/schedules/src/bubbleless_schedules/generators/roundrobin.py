@@ -1,1 +1,152 @@
-"""(being written)"""
+"""``roundrobin``: RoundPipe's dispatch of stage jobs to a pool of stateless devices.
+
+The model's layers are cut into forward groups, one fused last group (forward, loss and backward)
+and backward groups (see ``roundrobin_layout`` for the stage numbering, the dependency rule, costs
+and memory). Jobs run in order: every forward group, the last group, then the backward groups from
+the top layers down; job k goes to device k mod p. A job is LOAD (weights), its actions for every
+micro-batch in order, and STORE (gradients) for jobs that compute them; forward jobs keep no graph,
+backward jobs recompute (R) then backpropagate (B) one micro-batch at a time.
+
+Options (all optional):
+
+- ``num_layers``: layers in the model (default ``4 * num_ranks``, or what the group lists add up to).
+- ``last_layers``: layers in the fused last group (default: one backward group's size).
+- ``forward_stages``: the forward groups, as a list of layer counts (first layers first) or a number of
+  groups of near-equal size. Default: groups about ``(R + I + W) / F`` times a backward group's size (3
+  at unit costs), so a forward job costs about what a backward job does (asymmetric splitting).
+- ``backward_stages``: the backward groups, likewise. Default: groups of ``max(1, round(L / (4 p)))``
+  layers, so each device gets a few jobs; under ``memory_limit``, small enough that a device's peak
+  (one micro-batch of its largest group, ``n * p / L`` M_B) fits.
+- ``weight_transfers``: insert LOAD/STORE (default True; ``lowering.add_weight_transfers`` places them).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from ..action import Action, Kind
+from ..costs import Costs
+from ..lowering import add_weight_transfers
+from ..registry import register
+from ..roundrobin_layout import PoolGroups
+from ..schedule import Schedule
+
+
+@register("roundrobin")
+def roundrobin(
+    *,
+    num_ranks: int,
+    num_microbatches: int,
+    costs: Costs,
+    memory_limit: float | None = None,
+    num_layers: int | None = None,
+    last_layers: int | None = None,
+    forward_stages: int | Sequence[int] | None = None,
+    backward_stages: int | Sequence[int] | None = None,
+    weight_transfers: bool = True,
+    **_,
+) -> Schedule:
+    """Stage jobs over all micro-batches, dealt round-robin to ``num_ranks`` pool devices."""
+    groups = pool_cut(
+        num_ranks=num_ranks, costs=costs, memory_limit=memory_limit, num_layers=num_layers,
+        last_layers=last_layers, forward_stages=forward_stages, backward_stages=backward_stages,
+    )
+    schedule = dispatch(groups, num_ranks, num_microbatches)
+    return add_weight_transfers(schedule) if weight_transfers else schedule
+
+
+_JOB_ACTIONS = {"forward": (Kind.F,), "last": (Kind.F, Kind.B), "backward": (Kind.R, Kind.B)}
+
+
+def dispatch(groups: PoolGroups, num_devices: int, num_microbatches: int) -> Schedule:
+    """Job k (in execution order) to device k mod ``num_devices``; each job's micro-batches in order."""
+    rows: list[list[Action]] = [[] for _ in range(num_devices)]
+    for job in range(groups.num_stages):
+        kinds = _JOB_ACTIONS[groups.role(job)]
+        rows[job % num_devices] += [Action(job, kind, m) for m in range(num_microbatches) for kind in kinds]
+    return Schedule(
+        rows, num_stages=groups.num_stages, num_microbatches=num_microbatches, stage_to_rank=None,
+        name="roundrobin", layout="roundrobin", meta=groups.meta(),
+    )
+
+
+def pool_cut(
+    *,
+    num_ranks: int,
+    costs: Costs,
+    memory_limit: float | None = None,
+    num_layers: int | None = None,
+    last_layers: int | None = None,
+    forward_stages: int | Sequence[int] | None = None,
+    backward_stages: int | Sequence[int] | None = None,
+) -> PoolGroups:
+    """The forward/last/backward cut from the options (see the module docstring for the defaults)."""
+    given = [sum(x) for x in (forward_stages, backward_stages) if _is_list(x)]
+    if num_layers is None:
+        num_layers = given[0] + (last_layers or 1) if given else 4 * num_ranks
+    _check_count("num_layers", num_layers, 1)
+    backward_size = max(1, round(num_layers / (4 * num_ranks)))
+    if memory_limit is not None:  # a device holds one micro-batch of a group: n * p / L M_B
+        fits = math.floor(memory_limit * num_layers / num_ranks + 1e-9)
+        if fits < 1:
+            raise ValueError(
+                f"memory_limit={memory_limit:g} M_B is below one layer's activations on a pool device "
+                f"({num_ranks / num_layers:g} M_B with num_layers={num_layers} and {num_ranks} devices); "
+                f"raise the limit or give more layers"
+            )
+        backward_size = min(backward_size, fits)
+    if last_layers is None:
+        last_layers = num_layers - given[0] if given else min(backward_size, num_layers)
+    _check_count("last_layers", last_layers, 1)
+    body = num_layers - last_layers
+    if body < 0:
+        raise ValueError(f"last_layers={last_layers} is more than num_layers={num_layers}")
+    ratio = _backward_to_forward_ratio(costs)
+    forward = _groups("forward_stages", forward_stages, body, max(1, round(ratio * backward_size)))
+    backward = _groups("backward_stages", backward_stages, body, backward_size)
+    return PoolGroups(forward, last_layers, backward)
+
+
+def _is_list(value) -> bool:
+    return isinstance(value, Sequence) and not isinstance(value, str)
+
+
+def _check_count(name: str, value, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"roundrobin option {name} must be an integer >= {minimum}, got {value!r}")
+
+
+def _groups(name: str, option, body: int, default_size: int) -> tuple[int, ...]:
+    """Layer counts covering ``body`` layers: a given list, a number of near-equal groups, or the default size."""
+    if _is_list(option):
+        counts = tuple(option)
+        for count in counts:
+            _check_count(f"{name} entry", count, 1)
+        if sum(counts) != body:
+            raise ValueError(
+                f"roundrobin option {name}={list(counts)} covers {sum(counts)} layers; it must cover the "
+                f"{body} layers before the last group (num_layers minus last_layers)"
+            )
+        return counts
+    if body == 0:
+        if option not in (None, 0):
+            raise ValueError(f"roundrobin option {name}={option!r}: no layers are left before the last group")
+        return ()
+    if option is None:
+        option = math.ceil(body / default_size)
+    _check_count(name, option, 1)
+    if option > body:
+        raise ValueError(f"roundrobin option {name}={option} asks for more groups than the {body} layers to cut")
+    small, extra = divmod(body, option)
+    return tuple(small + 1 if g < extra else small for g in range(option))
+
+
+def _backward_to_forward_ratio(costs: Costs) -> float:
+    """(R + I + W) / F per layer from scalar costs (3 at unit costs); 3 when costs are per stage or F is 0."""
+    values = [costs.forward, costs.backward_input, costs.backward_weight,
+              costs.forward if costs.recompute is None else costs.recompute]
+    if any(isinstance(v, tuple) for v in values) or not values[0]:
+        return 3.0
+    forward, backward_input, backward_weight, recompute = (float(v) for v in values)
+    return (recompute + backward_input + backward_weight) / forward

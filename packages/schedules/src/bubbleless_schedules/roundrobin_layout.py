@@ -1,0 +1,251 @@
+"""The round-robin pool's dependency rule (RoundPipe's dispatch), read from the schedule alone.
+
+**Groups and stages.** The model's ``L`` layers are cut twice: into forward groups and into backward
+groups (asymmetric splitting), and the last ``last_layers`` layers form one fused group. A stage is one
+*job* (one group run over every micro-batch), numbered in execution order::
+
+    0 .. nf-1          forward groups, first layers first:   F per micro-batch, keeps no graph
+    nf                 the last group:                       F then B per micro-batch (loss fused)
+    nf+1 .. nf+nb      backward groups, last layers first:   R (recompute) then B per micro-batch
+
+``Schedule.meta`` holds the cut as integers, so text and CSV keep it: ``forward_layers`` (layer counts
+of the forward groups, first layers first), ``last_layers`` (one count), ``backward_layers`` (layer
+counts of the backward groups, first layers first; they run last-to-first). ``pool_groups(schedule)``
+reads it back.
+
+**Events.** ``("F", j, m)``: the output of forward job j for micro-batch m (its stage inputs are kept in
+host memory, so any later job may read them); ``("R", j, m)``: backward job j recomputed m;
+``("G", j, m)``: the gradient w.r.t. job j's input. A backward group starting at layer ``a`` recomputes
+from the activation at layer ``a``, which the forward job holding layer ``a-1`` produced; its B needs
+the gradient from the job before it (the group above it, or the fused last group). Events from another
+device arrive ``costs.comm`` later (through host memory). A device starts a job's micro-batch as soon
+as that micro-batch's input exists, so jobs run as a wavefront.
+
+**Costs.** Scalar fields are, as for every schedule, per rank's share: one micro-batch through ``L/p``
+layers (the model split evenly over the ``p`` devices), so a job of ``n`` layers costs
+``value * n * p / L``; this keeps round-robin comparable with the stage-bound schedules in ``compare``
+and ``auto``. Sequence fields give one value per stage (job, in execution order) and are used as given.
+F costs ``forward``, R ``recompute`` (default ``forward``), B ``backward_input + backward_weight``,
+LOAD ``load`` (uploading the job's weights) and STORE ``store`` (downloading its gradients).
+
+**Memory (in M_B).** As for the pipelines, M_B is one micro-batch's activations through ``L/p``
+layers. Forward jobs keep nothing on the device (stage inputs go to host memory); R and the fused
+last group's F hold ``n * p / L`` until the micro-batch's B frees it, so a device's peak is one
+micro-batch of its largest backward or last group. Weights are not activations: a device holds the
+weights of its current job, and of the next one while it prefetches (at most two stages); see
+``peak_weight_layers``.
+
+**What the simulator models of transfers.** A LOAD occupies its device for its cost, in the device's
+order, so it overlaps the *wait* for the next job's first input but not the previous job's compute: a
+pessimistic model of RoundPipe's prefetch, which overlaps uploads with compute on a separate stream.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from functools import lru_cache
+
+from .action import Action, Kind
+from .costs import Costs
+from .layouts import Event, register_layout
+
+
+@dataclass(frozen=True)
+class PoolGroups:
+    """The forward, last and backward cut of a round-robin schedule, in layer counts."""
+
+    forward: tuple[int, ...]
+    """Layer counts of the forward groups, first layers first."""
+    last: int
+    """Layer count of the fused last group (forward, loss and backward)."""
+    backward: tuple[int, ...]
+    """Layer counts of the backward groups, first layers first (executed last-to-first)."""
+
+    def __post_init__(self) -> None:
+        if self.last < 1 or any(n < 1 for n in self.forward + self.backward):
+            raise ValueError(
+                f"round-robin groups need at least one layer each, got forward={list(self.forward)} "
+                f"last={self.last} backward={list(self.backward)}"
+            )
+        if sum(self.forward) != sum(self.backward):
+            raise ValueError(
+                f"forward groups cover {sum(self.forward)} layers but backward groups cover {sum(self.backward)}; "
+                f"both must cover every layer before the last group"
+            )
+
+    @property
+    def num_layers(self) -> int:
+        return sum(self.forward) + self.last
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.forward) + 1 + len(self.backward)
+
+    @property
+    def last_stage(self) -> int:
+        """The stage (job) index of the fused last group."""
+        return len(self.forward)
+
+    def role(self, stage: int) -> str:
+        """``"forward"``, ``"last"`` or ``"backward"``."""
+        if not 0 <= stage < self.num_stages:
+            raise ValueError(f"stage {stage} is out of range: the pool schedule has {self.num_stages} jobs")
+        if stage < self.last_stage:
+            return "forward"
+        return "last" if stage == self.last_stage else "backward"
+
+    def layers(self, stage: int) -> range:
+        """The layers job ``stage`` runs."""
+        role = self.role(stage)
+        if role == "forward":
+            start = sum(self.forward[:stage])
+            return range(start, start + self.forward[stage])
+        if role == "last":
+            return range(self.num_layers - self.last, self.num_layers)
+        group = len(self.backward) - (stage - self.last_stage)  # backward group index, first layers first
+        start = sum(self.backward[:group])
+        return range(start, start + self.backward[group])
+
+    def forward_stage_holding(self, layer: int) -> int:
+        """The forward job that runs ``layer`` (whose micro-batch outputs contain that layer's output)."""
+        end = 0
+        for stage, count in enumerate(self.forward):
+            end += count
+            if layer < end:
+                return stage
+        raise ValueError(f"layer {layer} is not in a forward group")
+
+    def meta(self) -> dict[str, tuple[int, ...]]:
+        return {"forward_layers": self.forward, "last_layers": (self.last,), "backward_layers": self.backward}
+
+
+@lru_cache(maxsize=64)
+def _groups(forward: tuple[int, ...], last: tuple[int, ...], backward: tuple[int, ...]) -> PoolGroups:
+    if len(last) != 1:
+        raise ValueError(f"meta.last_layers must be one layer count, got {list(last)}")
+    return PoolGroups(forward, last[0], backward)
+
+
+def pool_groups(schedule) -> PoolGroups:
+    """Read the group cut back from a round-robin schedule's meta."""
+    try:
+        return _groups(schedule.meta["forward_layers"], schedule.meta["last_layers"], schedule.meta["backward_layers"])
+    except KeyError as exc:
+        raise ValueError(
+            f"a roundrobin schedule needs meta.forward_layers, meta.last_layers and meta.backward_layers; "
+            f"{exc.args[0]} is missing"
+        ) from None
+
+
+def peak_weight_layers(schedule) -> tuple[int, ...]:
+    """Per device, the most layers of weights resident at once if each job's weights are prefetched
+    while the previous job runs (two consecutive jobs on the device)."""
+    groups = pool_groups(schedule)
+    peaks = []
+    for actions in schedule.actions:
+        jobs = list(dict.fromkeys(a.stage for a in actions))
+        sizes = [len(groups.layers(j)) for j in jobs]
+        peaks.append(max([a + b for a, b in zip(sizes, sizes[1:], strict=False)] + sizes + [0]))
+    return tuple(peaks)
+
+
+_ROLE_KINDS = {"forward": (Kind.F,), "last": (Kind.F, Kind.B), "backward": (Kind.R, Kind.B)}
+"""The compute actions each micro-batch of a job needs, by the job's role."""
+
+
+@register_layout("roundrobin")
+class RoundRobinLayout:
+    """Dependencies, costs and memory of a round-robin pool schedule (see the module docstring)."""
+
+    def requires(self, action: Action, schedule) -> tuple[Event, ...]:
+        groups = pool_groups(schedule)
+        j, m, kind = action.stage, action.microbatch, action.kind
+        role = groups.role(j)
+        if kind not in _ROLE_KINDS[role] and kind not in (Kind.LOAD, Kind.STORE):
+            raise ValueError(
+                f"action {action} has no meaning in a round-robin pool: a {role} job runs "
+                f"{' and '.join(k.value for k in _ROLE_KINDS[role])} per micro-batch, plus LOAD/STORE"
+            )
+        if kind is Kind.LOAD:
+            return ()
+        if kind is Kind.STORE:
+            return tuple(("G", j, mb) for mb in range(schedule.num_microbatches))
+        if kind is Kind.F:
+            return (("F", j - 1, m),) if j > 0 else ()
+        if kind is Kind.R:
+            first = groups.layers(j).start
+            return (("F", groups.forward_stage_holding(first - 1), m),) if first > 0 else ()
+        if role == "last":  # B of the fused last group
+            return (("F", j, m),)
+        return (("R", j, m), ("G", j - 1, m))
+
+    def produces(self, action: Action, schedule) -> tuple[Event, ...]:
+        j, m, kind = action.stage, action.microbatch, action.kind
+        if kind in (Kind.LOAD, Kind.STORE):
+            return ((kind.value, j),)
+        return (({Kind.F: "F", Kind.R: "R", Kind.B: "G"}[kind], j, m),)
+
+    def memory_delta(self, action: Action, schedule, input_grad_frees: float) -> float:
+        groups = pool_groups(schedule)
+        held = len(groups.layers(action.stage)) * schedule.num_workers / groups.num_layers
+        if action.kind is Kind.R or (action.kind is Kind.F and groups.role(action.stage) == "last"):
+            return held
+        return -held if action.kind is Kind.B else 0.0
+
+    def cost(self, action: Action, schedule, costs: Costs) -> float:
+        groups = pool_groups(schedule)
+        costs.check_stages(groups.num_stages)
+        # Costs.of divides scalars by its third argument; p/(n p / L) = L/n makes a scalar value * n p / L.
+        share = groups.num_layers / (len(groups.layers(action.stage)) * schedule.num_workers)
+        if action.kind in (Kind.LOAD, Kind.STORE):
+            name = "load" if action.kind is Kind.LOAD else "store"
+            value = getattr(costs, name)
+            return value[action.stage] if isinstance(value, tuple) else float(value) / share
+        return costs.of(action.kind, action.stage, share)
+
+    def missing(self, schedule) -> list[str]:
+        """Each job runs on one device with its role's actions once per micro-batch; LOAD/STORE either
+        absent everywhere, or one LOAD before each job and one STORE after each gradient job."""
+        try:
+            groups = pool_groups(schedule)
+        except ValueError as exc:
+            return [str(exc)]
+        if groups.num_stages != schedule.num_stages:
+            return [f"meta describes {groups.num_stages} jobs but the schedule has {schedule.num_stages} stages"]
+        problems = []
+        counts = Counter(a for _, _, a in schedule.all_actions())
+        workers = defaultdict(set)
+        for worker, _, action in schedule.all_actions():
+            workers[action.stage].add(worker)
+        transfers = any(a.kind in (Kind.LOAD, Kind.STORE) for a in counts)
+        for j in range(groups.num_stages):
+            role = groups.role(j)
+            if len(workers[j]) > 1:
+                problems.append(f"job {j} runs on devices {sorted(workers[j])}; a job runs on one device")
+            for m in range(schedule.num_microbatches):
+                for kind in _ROLE_KINDS[role]:
+                    if counts[Action(j, kind, m)] != 1:
+                        problems.append(f"{role} job {j} has {counts[Action(j, kind, m)]} of {Action(j, kind, m)}, needs 1")
+            if transfers:
+                problems += _transfer_problems(schedule, j, role)
+        return problems
+
+
+def _transfer_problems(schedule, stage: int, role: str) -> list[str]:
+    """LOAD first and (for gradient jobs) STORE last among the job's actions on its device."""
+    for actions in schedule.actions:
+        mine = [a.kind for a in actions if a.stage == stage]
+        if not mine:
+            continue
+        wants_store = role != "forward"
+        expected_load, expected_store = Kind.LOAD, (Kind.STORE if wants_store else None)
+        problems = []
+        if mine[0] is not expected_load or mine.count(Kind.LOAD) != 1:
+            problems.append(f"job {stage} needs exactly one LOAD, before its first micro-batch")
+        if wants_store and (mine[-1] is not expected_store or mine.count(Kind.STORE) != 1):
+            problems.append(f"{role} job {stage} needs exactly one STORE, after its last micro-batch")
+        if not wants_store and Kind.STORE in mine:
+            problems.append(f"forward job {stage} computes no gradients and takes no STORE")
+        return problems
+    return []
