@@ -1,0 +1,340 @@
+"""The Trainer: optimizer steps around ``Pipeline.step`` on every rank of a pipeline.
+
+A step runs ``grad_accum`` pipeline steps, then, on every rank in lockstep: sums the gradients of
+parameters held by several ranks (a tied embedding / LM head), unscales and checks fp16 gradients,
+clips by the global norm over all ranks, and steps the optimizer and the learning-rate schedule.
+Each rank's optimizer holds only the parameters of its own stages.
+
+Loss scaling lives in ``ScaledLoss``, the ``loss_fn`` handed to the pipeline: the executor calls
+``backward`` itself, so the only place to multiply the loss (by 1/micro-batches for a mean, and by the
+fp16 loss scale) is the loss function. The fp16 scaler is our own, not ``torch.amp.GradScaler``,
+because overflow must be agreed on by all ranks (all-reduce) or they would step different optimizers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import random
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+class ScaledLoss:
+    """``loss_fn(output, target) * factor``; the Trainer sets ``factor`` before each pipeline step."""
+
+    def __init__(self, loss_fn: Callable) -> None:
+        if not callable(loss_fn):
+            raise ValueError("loss_fn must be callable: loss_fn(output, target) -> scalar tensor")
+        self.loss_fn = loss_fn
+        self.factor = 1.0
+
+    def __call__(self, output, target) -> torch.Tensor:
+        return self.loss_fn(output, target) * self.factor
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """What one optimizer step did (``loss`` is the mean per-micro-batch loss, the same on every rank)."""
+
+    step: int
+    loss: float
+    grad_norm: float
+    lr: float
+    tokens: int
+    seconds: float
+    skipped: bool
+
+
+class DynamicLossScaler:
+    """fp16 loss scaling: halve on overflow (step skipped on all ranks), double after a run of good steps."""
+
+    def __init__(self, *, initial_scale: float = 2.0**16, growth_interval: int = 200, enabled: bool = True):
+        self.scale = initial_scale if enabled else 1.0
+        self.growth_interval = growth_interval
+        self.enabled = enabled
+        self.good_steps = 0
+
+    def unscale_and_check(self, params: Sequence[nn.Parameter], group) -> bool:
+        """Divide grads by the scale; True if any rank found inf/nan (then the step must be skipped)."""
+        if not self.enabled:
+            return False
+        overflow = torch.zeros(())
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(1.0 / self.scale)
+                if not torch.isfinite(p.grad).all():
+                    overflow.fill_(1.0)
+        _all_reduce(overflow, dist.ReduceOp.MAX, group)
+        found = bool(overflow.item())
+        if found:
+            self.scale /= 2.0
+            self.good_steps = 0
+        else:
+            self.good_steps += 1
+            if self.good_steps == self.growth_interval:
+                self.scale *= 2.0
+                self.good_steps = 0
+        return found
+
+    def state_dict(self) -> dict:
+        return {"scale": self.scale, "good_steps": self.good_steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.scale, self.good_steps = state["scale"], state["good_steps"]
+
+
+# precision name -> autocast dtype (None: no autocast)
+AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
+    "adamw": lambda groups, c: torch.optim.AdamW(groups, lr=c.lr, betas=tuple(c.betas), eps=c.eps),
+    "adam": lambda groups, c: torch.optim.Adam(groups, lr=c.lr, betas=tuple(c.betas), eps=c.eps),
+    "sgd": lambda groups, c: torch.optim.SGD(groups, lr=c.lr, momentum=c.momentum),
+}
+
+
+def build_optimizer(params: Iterable[nn.Parameter], config) -> torch.optim.Optimizer:
+    """The optimizer named by ``config.name``; weight decay on matrices only (not norms, biases)."""
+    if config.name not in OPTIMIZERS:
+        raise ValueError(f"optimizer.name {config.name!r} is unknown; choose one of {sorted(OPTIMIZERS)}")
+    params = [p for p in params if p.requires_grad]
+    if not params:
+        raise ValueError("this rank has no trainable parameters; check the partition and LoRA settings")
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": config.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    return OPTIMIZERS[config.name]([g for g in groups if g["params"]], config)
+
+
+def warmup_cosine(*, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> Callable[[int], float]:
+    """LR multiplier: linear from 1/warmup to 1 over ``warmup_steps``, then cosine down to ``min_lr_ratio``."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's and torch's generators (every rank the same, so models build identically)."""
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class Trainer:
+    """Optimizer steps for one rank of a pipeline; call ``train_step`` on every rank in lockstep.
+
+    ``layers``: the whole model's layer list as built on every rank (used to find parameters shared
+    between ranks). ``loss``: the ``ScaledLoss`` given to the pipeline. ``group``: the pipeline's
+    process group (None: the default group, or no group when torch.distributed is not initialised).
+    """
+
+    def __init__(
+        self,
+        *,
+        pipeline,
+        layers: Sequence[nn.Module],
+        loss: ScaledLoss,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+        num_microbatches: int,
+        grad_accum: int = 1,
+        max_grad_norm: float = 0.0,
+        precision: str = "fp32",
+        group=None,
+    ) -> None:
+        if precision not in AUTOCAST_DTYPES:
+            raise ValueError(f"precision {precision!r} is unknown; choose one of {sorted(AUTOCAST_DTYPES)}")
+        if grad_accum < 1 or num_microbatches < 1:
+            raise ValueError("grad_accum and num_microbatches must be at least 1")
+        self.pipeline, self.loss, self.optimizer, self.scheduler = pipeline, loss, optimizer, scheduler
+        self.num_microbatches, self.grad_accum = num_microbatches, grad_accum
+        self.max_grad_norm, self.precision, self.group = max_grad_norm, precision, group
+        self.params = [p for p in pipeline.parameters() if p.requires_grad]
+        self.scaler = DynamicLossScaler(enabled=precision == "fp16")
+        self.step = 0
+        self.data_position = 0
+        self.shared, self.norm_owned = _shared_parameters(layers, self.params, group)
+
+    def train_step(self, data) -> StepStats:
+        """Run ``grad_accum`` pipeline steps on ``data.batch(position)`` and one optimizer step."""
+        start = time.perf_counter()
+        self.loss.factor = self.scaler.scale / (self.num_microbatches * self.grad_accum)
+        summed, tokens = 0.0, 0
+        for _ in range(self.grad_accum):
+            inputs, targets = data.batch(self.data_position)
+            self.data_position += 1
+            tokens += inputs.numel()
+            with self._autocast(inputs.device):
+                loss = self.pipeline.step(inputs, targets)
+            if loss is not None:
+                summed += float(loss)
+        self._sum_shared_gradients()
+        skipped = self.scaler.unscale_and_check(self.params, self.group)
+        grad_norm = math.nan if skipped else self._clip()
+        lr = self.optimizer.param_groups[0]["lr"]
+        if not skipped:  # a skipped fp16 step leaves the schedule where it was, like the weights
+            self.optimizer.step()
+            if self.scheduler is not None:
+                self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        mean_loss = self._loss_everywhere(summed / self.scaler_scale_used())
+        return StepStats(self.step, mean_loss, grad_norm, lr, tokens, time.perf_counter() - start, skipped)
+
+    def scaler_scale_used(self) -> float:
+        """The loss scale that multiplied this step's losses (before ``unscale_and_check`` changed it)."""
+        return self.loss.factor * self.num_microbatches * self.grad_accum
+
+    def _autocast(self, device: torch.device):
+        dtype = AUTOCAST_DTYPES[self.precision]
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=device.type, dtype=dtype)
+
+    def _sum_shared_gradients(self) -> None:
+        """All-reduce (sum) the grads of parameters that several ranks hold, e.g. tied embeddings.
+
+        Every rank joins the all-reduce (ranks not holding a parameter add zeros), so no extra process
+        groups are needed; only holders write the sum back into ``.grad``.
+        """
+        if not self.shared:
+            return
+        held = {id(p) for p in self.params}
+        parts = [p.grad if id(p) in held and p.grad is not None else torch.zeros_like(p) for p in self.shared]
+        flat = torch.cat([part.flatten() for part in parts])
+        _all_reduce(flat, dist.ReduceOp.SUM, self.group)
+        offset = 0
+        for p in self.shared:
+            if id(p) in held:
+                p.grad = flat[offset : offset + p.numel()].view_as(p).clone()
+            offset += p.numel()
+
+    def _clip(self) -> float:
+        """Global L2 norm over all ranks, each parameter counted once; scale grads down to max_grad_norm."""
+        squares = torch.zeros((), dtype=torch.float64)
+        for p in self.norm_owned:
+            if p.grad is not None:
+                squares += p.grad.detach().double().pow(2).sum().cpu()
+        _all_reduce(squares, dist.ReduceOp.SUM, self.group)
+        norm = float(squares.sqrt())
+        if self.max_grad_norm > 0 and norm > self.max_grad_norm:
+            coef = self.max_grad_norm / (norm + 1e-6)
+            for p in self.params:
+                if p.grad is not None:
+                    p.grad.mul_(coef)
+        return norm
+
+    def _loss_everywhere(self, local: float) -> float:
+        """The loss from the rank holding the last stage, on every rank (for logging on rank 0)."""
+        value = torch.tensor(local if self.pipeline.holds_loss else 0.0, dtype=torch.float64)
+        _all_reduce(value, dist.ReduceOp.SUM, self.group)
+        return float(value)
+
+    # ---- checkpoints: one file per rank with everything this rank owns ----
+
+    def state_dict(self) -> dict:
+        return {
+            "params": [p.detach().cpu().clone() for p in self.params],
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
+            "step": self.step,
+            "data_position": self.data_position,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        if len(state["params"]) != len(self.params):
+            raise ValueError(
+                f"checkpoint holds {len(state['params'])} parameters for this rank but it trains "
+                f"{len(self.params)}; resume with the same model, schedule, partition and rank count"
+            )
+        with torch.no_grad():
+            for p, saved in zip(self.params, state["params"], strict=True):
+                if p.shape != saved.shape:
+                    raise ValueError(f"checkpoint parameter shape {tuple(saved.shape)} != {tuple(p.shape)}")
+                p.copy_(saved)
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state["scheduler"] is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        torch.set_rng_state(state["rng"]["torch"])
+        random.setstate(state["rng"]["python"])
+        self.step, self.data_position = state["step"], state["data_position"]
+
+    def save(self, directory: str | os.PathLike) -> str:
+        """Write ``directory/rank<global rank>.pt`` on every rank (call on all ranks)."""
+        os.makedirs(directory, exist_ok=True)
+        torch.save(self.state_dict(), os.path.join(directory, f"rank{_global_rank():05d}.pt"))
+        _barrier(self.group)
+        return str(directory)
+
+    def load(self, directory: str | os.PathLike) -> None:
+        path = os.path.join(directory, f"rank{_global_rank():05d}.pt")
+        if not os.path.isfile(path):
+            raise ValueError(
+                f"no checkpoint for this rank at {path}; resume with the rank count that saved it"
+            )
+        self.load_state_dict(torch.load(path, weights_only=False))
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _global_rank() -> int:
+    return dist.get_rank() if _distributed() else 0
+
+
+def _all_reduce(tensor: torch.Tensor, op, group) -> None:
+    if _distributed():
+        dist.all_reduce(tensor, op=op, group=group)
+
+
+def _barrier(group) -> None:
+    if _distributed():
+        dist.barrier(group=group)
+
+
+def _shared_parameters(layers, params, group) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+    """(params this rank shares with other ranks, params whose norm this rank counts).
+
+    Every rank builds the whole model, so a parameter's position in the model is the same everywhere;
+    ranks exchange which positions they train. A position trained by several ranks (a tied embedding
+    and LM head on different stages) has its gradient summed across them, and its norm is counted by
+    the lowest of them only.
+    """
+    positions: dict[int, int] = {}
+    for layer in layers:
+        for p in layer.parameters():
+            positions.setdefault(id(p), len(positions))
+    mine = sorted({positions[id(p)] for p in params if id(p) in positions})
+    if not _distributed():
+        return [], list(params)
+    everyone: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, mine, group=group)
+    me = dist.get_rank(group)
+    owners: dict[int, list[int]] = {}
+    for rank, held in enumerate(everyone):
+        for position in held:
+            owners.setdefault(position, []).append(rank)
+    by_position = {positions[id(p)]: p for p in params if id(p) in positions}
+    shared_positions = sorted(pos for pos, ranks in owners.items() if len(ranks) > 1)
+    # every rank takes part in the all-reduce of every shared position, so each needs a tensor for it
+    all_params = {pos: p for layer in layers for p in layer.parameters() for pos in [positions[id(p)]]}
+    shared = [by_position.get(pos, all_params[pos]) for pos in shared_positions]
+    counted = [p for pos, p in by_position.items() if owners[pos][0] == me]
+    counted += [p for p in params if id(p) not in positions]
+    return shared, counted
