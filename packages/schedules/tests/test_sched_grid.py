@@ -33,12 +33,13 @@ MEMORY_BOUNDS = {
     "interleaved-1f1b": interleaved_bound,
     "zb-h1": lambda p, m, v: p,
     "zb-h2": lambda p, m, v: 2 * p,
+    "zb": lambda p, m, v: p,  # its documented default memory_limit (ZB-1p); other limits: test below
     "zbv": lambda p, m, v: p,
     "v-half": lambda p, m, v: (p + 2) // 2,
     "v-min": lambda p, m, v: (p + 4) // 3,
 }
 """Peak activations (M_B) each schedule is designed to stay within (p ranks, m micro-batches, v stages
-per rank), from the papers and the generators' docstrings. Generators not listed here (zb, dualpipev,
+per rank), from the papers and the generators' docstrings. Generators not listed here (dualpipev,
 roundrobin, auto, and any new one) are held to the ``memory_limit`` they are given instead
 (test_memory_limit_is_kept)."""
 

@@ -1,0 +1,327 @@
+"""How good the schedules are (issue 2, section 4): four markdown tables, printed and saved.
+
+    python bench/schedules/compare.py            # writes bench/results/schedules.md
+    python bench/schedules/compare.py --out -    # print only
+
+(a) unit costs: each schedule against its published closed form;
+(b) realistic costs (the zero-bubble paper's 1.5B profile, a comm-heavy and a cheap-W variant) at
+    p=8 m=24: our generators against our own implementations of the reference heuristics
+    (bench/schedules/reference_zb.py, reference_v.py: ``REFERENCE[name](*, num_ranks,
+    num_microbatches, costs, memory_limit) -> Schedule``) under the same memory limit;
+(c) heterogeneous stages (first stage 1.3x, last 2x for the LM head): generated with the true per-stage
+    costs against generated with their median and run under the true costs;
+(d) generation time at p=32 m=256.
+
+Every schedule is found through ``available()`` and every reference through the REFERENCE tables, so
+new generators and references show up without editing this file. Absent ones are listed as such.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import bubbleless_schedules
+from bubbleless_schedules import Costs, Schedule, available, generate, simulate, validate
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "bench" / "results" / "schedules.md"
+REFERENCE_MODULES = ("bench.schedules.reference_zb", "bench.schedules.reference_v")
+
+PAPER = Costs(18.5, 18.1, 9.3, 0.6)
+COST_SETTINGS = {
+    "paper 1.5B profile F=18.5 I=18.1 W=9.3 C=0.6": PAPER,
+    "comm-heavy C=F/2=9.25": Costs(18.5, 18.1, 9.3, 9.25),
+    "cheap W: W=F/4=4.6": Costs(18.5, 18.1, 4.6, 0.6),
+}
+P, M = 8, 24
+
+
+def memory_limits(name: str, p: int) -> list[float | None]:
+    """The limits each schedule is compared at: its design point (ZB-1p and ZB-2p for zb and auto)."""
+    table = {
+        "zb": [p, 2 * p], "auto": [p, 2 * p], "zb-h1": [p], "zb-h2": [2 * p], "zbv": [p],
+        "v-half": [(p + 2) // 2], "v-min": [(p + 4) // 3], "dualpipev": [p + 1],
+    }
+    return table.get(name, [None])
+
+
+# -- helpers ---------------------------------------------------------------------------------------------
+def table(head: list[str], rows: list[list]) -> str:
+    def cell(x) -> str:
+        if isinstance(x, float) and x == int(x) and abs(x) < 1e6:
+            return str(int(x))
+        if isinstance(x, float):
+            return f"{x:.4f}" if abs(x) < 10 else f"{x:.1f}"
+        return "" if x is None else str(x)
+
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    lines += ["| " + " | ".join(cell(x) for x in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def first_line(exc: Exception) -> str:
+    return str(exc).splitlines()[0][:140]
+
+
+def load_references() -> tuple[dict[str, Callable[..., Schedule]], list[str]]:
+    """REFERENCE tables of the reference modules that exist; notes for the ones that do not."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    found, notes = {}, []
+    for module_name in REFERENCE_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name and module_name.startswith(exc.name):
+                notes.append(f"{module_name}: not written yet")
+                continue
+            raise
+        found.update(getattr(module, "REFERENCE", {}))
+    return found, notes
+
+
+def run_reference(fn, p: int, m: int, costs: Costs, limit: float | None):
+    """(timeline, note) for a reference heuristic, judged by the same validator and simulator as ours."""
+    try:
+        schedule = validate(fn(num_ranks=p, num_microbatches=m, costs=costs, memory_limit=limit))
+    except ValueError as exc:
+        return None, first_line(exc)
+    timeline = simulate(schedule, costs)
+    if limit is not None and timeline.max_peak_memory > limit + 1e-9:
+        return None, f"over the limit ({timeline.max_peak_memory:g} M_B)"
+    return timeline, ""
+
+
+def run_ours(name: str, p: int, m: int, costs: Costs | None, limit: float | None):
+    try:
+        schedule = generate(name, num_ranks=p, num_microbatches=m, costs=costs, memory_limit=limit)
+    except ValueError as exc:
+        return None, first_line(exc)
+    return simulate(schedule, costs), ""
+
+
+# -- (a) closed forms ------------------------------------------------------------------------------------
+CLOSED_FORMS = [
+    # name, what, measure(timeline), formula(p, m, v), comparison
+    ("gpipe", "bubble", lambda t: t.bubble_rate, lambda p, m, v: (p - 1) / (m + p - 1), "="),
+    ("1f1b", "bubble", lambda t: t.bubble_rate, lambda p, m, v: (p - 1) / (m + p - 1), "="),
+    ("1f1b", "peak M_B", lambda t: t.max_peak_memory, lambda p, m, v: p, "="),
+    ("interleaved-1f1b", "bubble", lambda t: t.bubble_rate, lambda p, m, v: (p - 1) / (v * m + p - 1), "="),
+    ("zb-h1", "bubble", lambda t: t.bubble_rate, lambda p, m, v: (p - 1) / (3 * m + p - 1), "="),
+    ("zb-h1", "peak M_B", lambda t: t.max_peak_memory, lambda p, m, v: p, "<="),
+    ("zb-h2", "span bubble", lambda t: t.span_bubble_rate, lambda p, m, v: 0.0, "="),
+    ("zb-h2", "peak M_B", lambda t: t.max_peak_memory, lambda p, m, v: 2 * p, "<="),
+    ("zbv", "bubble", lambda t: t.bubble_rate, lambda p, m, v: (p - 1) / (6 * m + p - 1), "="),
+    ("zbv", "span bubble", lambda t: t.span_bubble_rate, lambda p, m, v: 0.0, "="),
+    ("zbv", "peak M_B", lambda t: t.max_peak_memory, lambda p, m, v: p, "<="),
+    ("v-half", "peak M_B", lambda t: t.max_peak_memory, lambda p, m, v: (p + 2) // 2, "="),
+    ("v-min", "peak M_B", lambda t: t.max_peak_memory, lambda p, m, v: (p + 4) // 3, "="),
+]
+CLOSED_FORM_SHAPES = ((4, 8), (8, 24), (8, 32))
+CHECK = {"=": lambda a, b: abs(a - b) <= 1e-9, "<=": lambda a, b: a <= b + 1e-9}
+
+
+def closed_forms() -> str:
+    rows = []
+    names = set(available())
+    for name, what, measure, formula, op in CLOSED_FORMS:
+        for p, m in CLOSED_FORM_SHAPES:
+            if name not in names:
+                rows.append([name, p, m, what, "not registered yet", "", "", ""])
+                break
+            timeline, why = run_ours(name, p, m, None, None)
+            if timeline is None:
+                rows.append([name, p, m, what, f"refused: {why}", "", "", ""])
+                continue
+            ours, expected = measure(timeline), formula(p, m, timeline.schedule.stages_per_rank)
+            ok = CHECK[op](ours, expected)
+            rows.append([name, p, m, what, float(ours), op, float(expected), "yes" if ok else "**NO**"])
+    return "### (a) Unit costs against the closed forms\n\n" + table(
+        ["schedule", "p", "m", "quantity", "ours", "", "closed form", "holds"], rows
+    )
+
+
+# -- (b) realistic costs against the reference heuristics ------------------------------------------------
+def against_references(references: dict, notes: list[str]) -> str:
+    """Every generator of ours at its design limits; beside it the reference of the same name, if any."""
+    out = ["### (b) Realistic costs, p=8 m=24: ours against the reference heuristics, same memory limit\n"]
+    if not references:
+        out.append("No reference heuristics available (" + "; ".join(notes) + "): our column only.\n")
+    theirs_by_name = {(bubbleless_schedules.canonical_name(n) if _known(n) else n): fn for n, fn in references.items()}
+    names = available()
+    for label, costs in COST_SETTINGS.items():
+        rows = []
+        for name in names + sorted(set(theirs_by_name) - set(names)):
+            for limit in memory_limits(name, P):
+                theirs, their_note = (None, "no reference") if name not in theirs_by_name else run_reference(
+                    theirs_by_name[name], P, M, costs, limit)
+                if name not in names:
+                    rows.append(_pair_row(name, limit, None, theirs, "no generator of ours by this name"))
+                    continue
+                if limit is None and theirs is not None:
+                    limit = theirs.max_peak_memory  # hold ours to the memory the reference used
+                ours, our_note = run_ours(name, P, M, costs, limit)
+                rows.append(_pair_row(name, limit, ours, theirs, our_note or their_note))
+        if "auto" in names and references:
+            for limit in sorted({P, 2 * P}):
+                fits = [run_reference(fn, P, M, costs, limit)[0] for fn in references.values()]
+                best = min((t for t in fits if t is not None), key=lambda t: t.makespan, default=None)
+                ours, note = run_ours("auto", P, M, costs, limit)
+                row = _pair_row("auto", limit, ours, best, note)
+                row[0] = f"auto vs best reference ({best.schedule.name if best else '-'})"
+                rows.append(row)
+        out.append(f"**{label}**\n")
+        out.append(table(["schedule", "limit M_B", "ours", "theirs", "ours/theirs", "note"], rows) + "\n")
+    return "\n".join(out)
+
+
+def _known(name: str) -> bool:
+    try:
+        bubbleless_schedules.canonical_name(name)
+        return True
+    except ValueError:
+        return False
+
+
+def _pair_row(name, limit, ours, theirs, note) -> list:
+    ratio = ours.makespan / theirs.makespan if ours and theirs else None
+    verdict = "" if ratio is None else ("faster" if ratio < 1 - 1e-9 else "equal" if ratio <= 1 + 1e-9 else "**SLOWER**")
+    return [
+        name, limit, ours.makespan if ours else "-", theirs.makespan if theirs else "-",
+        f"{ratio:.4f} {verdict}" if ratio is not None else "-", note,
+    ]
+
+
+# -- (c) heterogeneous stages ----------------------------------------------------------------------------
+def heterogeneous_costs(num_stages: int, stages_per_rank: float) -> Costs:
+    """The paper's profile split evenly over stages, the first stage 1.3x (embedding), the last 2x (LM head)."""
+    factor = [1.0] * num_stages
+    factor[0], factor[-1] = 1.3, 2.0
+    if num_stages == 1:
+        factor = [2.0]
+
+    def per_stage(total: float) -> list[float]:
+        return [total / stages_per_rank * f for f in factor]
+
+    return Costs(per_stage(PAPER.forward), per_stage(PAPER.backward_input), per_stage(PAPER.backward_weight),
+                 PAPER.comm)
+
+
+def heterogeneous() -> str:
+    rows = []
+    for name in available():
+        limit = memory_limits(name, P)[0]
+        shape, why = run_ours(name, P, M, None, limit)
+        if shape is None or shape.schedule.layout != "pipeline":
+            rows.append([name, limit, "-", "-", "-", why or f"{shape.schedule.layout} layout: stages not bound"])
+            continue
+        true = heterogeneous_costs(shape.schedule.num_stages, shape.schedule.stages_per_rank)
+        aware, why_aware = run_ours(name, P, M, true, limit)
+        try:
+            blind_schedule = generate(name, num_ranks=P, num_microbatches=M, costs=true.median(), memory_limit=limit)
+            blind = simulate(blind_schedule, true)
+        except ValueError as exc:
+            blind = None
+            why_aware = why_aware or first_line(exc)
+        gain = blind.makespan / aware.makespan if aware and blind else None
+        rows.append([name, limit, aware.makespan if aware else "-", blind.makespan if blind else "-",
+                     f"{gain:.4f}" if gain else "-", why_aware])
+    return (
+        "### (c) Heterogeneous stages (first 1.3x, last 2x), paper profile, p=8 m=24\n\n"
+        "Both columns are simulated under the true per-stage costs; only what the generator was told differs.\n\n"
+        + table(["schedule", "limit M_B", "true per-stage costs", "told the median", "gain (median/true)", "note"],
+                rows)
+    )
+
+
+# -- (d) generation time ---------------------------------------------------------------------------------
+def generation_time() -> str:
+    p, m = 32, 256
+    rows = []
+    for name in ("zb", "v-half"):
+        if name not in available():
+            rows.append([name, "-", "-", "-", "not registered yet"])
+            continue
+        for limit in memory_limits(name, p):
+            best, schedule, note = None, None, ""
+            for _ in range(3):
+                start = time.perf_counter()
+                try:
+                    schedule = generate(name, num_ranks=p, num_microbatches=m, costs=PAPER, memory_limit=limit)
+                except ValueError as exc:
+                    note = first_line(exc)
+                    break
+                elapsed = time.perf_counter() - start
+                best = elapsed if best is None else min(best, elapsed)
+                if elapsed > 5:
+                    break
+            if best is None:
+                rows.append([name, limit, "-", "-", note])
+                continue
+            start = time.perf_counter()
+            validate(schedule)
+            checking = time.perf_counter() - start
+            rows.append([name, limit, f"{best:.3f}", f"{checking:.3f}", "under 1 s" if best < 1 else "**over 1 s**"])
+    return (
+        f"### (d) Generation time, p={p} m={m}, paper profile (best of 3)\n\n"
+        "`generate()` includes validating the result and checking its memory; the validation alone is shown "
+        "beside it.\n\n" + table(["schedule", "limit M_B", "generate() s", "of which validate ~s", "verdict"], rows)
+    )
+
+
+# -- the record ------------------------------------------------------------------------------------------
+def provenance() -> str:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                text=True, timeout=10).stdout.strip() or "unknown"
+    except OSError:
+        commit = "unknown"
+    return (
+        f"Run {datetime.datetime.now().astimezone().isoformat(timespec='seconds')} on {platform.node() or 'host'}: "
+        f"{platform.platform()}, {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; "
+        f"Python {platform.python_version()}; bubbleless-schedules {bubbleless_schedules.__version__} "
+        f"at commit {commit}. Memory model: I frees nothing, W frees the micro-batch (input_grad_frees=0). "
+        f"Schedules registered: {', '.join(available())}."
+    )
+
+
+def report() -> str:
+    references, notes = load_references()
+    parts = [
+        "# Schedules: closed forms, reference heuristics, heterogeneous stages, generation time",
+        "Generated by `python bench/schedules/compare.py`; do not edit by hand.",
+        provenance(),
+        closed_forms(),
+        against_references(references, notes),
+        heterogeneous(),
+        generation_time(),
+    ]
+    if notes:
+        parts.append("Notes: " + "; ".join(notes))
+    return "\n\n".join(parts) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(RESULTS), help="markdown file to write ('-' to only print)")
+    args = parser.parse_args(argv)
+    text = report()
+    print(text)
+    if args.out != "-":
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text)
+        print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
