@@ -52,12 +52,13 @@ def test_compare_ranks_best_first_and_lists_refusals(capsys):
     out = run(capsys, "compare", "-p", "4", "-m", "8", "--memory-limit", "4")
     assert "1f1b" in out
     assert "gpipe" in out and "cannot run" in out  # gpipe needs 8 M_B
-    timelines, refused = compare_rows(4, 8, None, 4)
-    spans = [t.makespan for t in timelines]
+    ran, refused = compare_rows(4, 8, None, 4)
+    spans = [t.makespan for _, t in ran]
     assert spans == sorted(spans)
-    assert ("gpipe" in dict(refused)) and all(t.max_peak_memory <= 4 for t in timelines)
+    assert "gpipe" in dict(refused) and all(t.max_peak_memory <= 4 for _, t in ran)
+    assert {name for name, _ in ran} | set(dict(refused)) == set(available())
     ranked = [line.split()[1] for line in out.splitlines() if line[:2].strip().isdigit()]
-    assert ranked == [t.schedule.name for t in timelines]
+    assert ranked == [name for name, _ in ran]
 
 
 @pytest.mark.parametrize(

@@ -104,35 +104,38 @@ def run_show(args: argparse.Namespace) -> None:
 
 
 def compare_rows(num_ranks: int, num_microbatches: int, costs: Costs | None, memory_limit: float | None):
-    """(timelines best first, [(name, reason)] for schedules that cannot run this shape or limit)."""
-    timelines, refused = [], []
+    """([(registered name, timeline)] best first, [(name, reason)] for schedules that cannot run this
+    shape or limit). The registered name can differ from the schedule's own (``auto`` returns the
+    schedule it picked)."""
+    ran, refused = [], []
     for name in available():
         try:
             schedule = generate(name, num_ranks=num_ranks, num_microbatches=num_microbatches,
                                 costs=costs, memory_limit=memory_limit)
-            timelines.append(simulate(schedule, costs))
+            ran.append((name, simulate(schedule, costs)))
         except ValueError as exc:
             refused.append((name, str(exc).splitlines()[0]))
-    timelines.sort(key=lambda t: (t.makespan, t.max_peak_memory, t.schedule.name))
-    return timelines, refused
+    ran.sort(key=lambda row: (row[1].makespan, row[1].max_peak_memory, row[0]))
+    return ran, refused
 
 
 def run_compare(args: argparse.Namespace) -> None:
-    timelines, refused = compare_rows(args.ranks, args.microbatches, args.costs, args.memory_limit)
+    ran, refused = compare_rows(args.ranks, args.microbatches, args.costs, args.memory_limit)
     limit = "none" if args.memory_limit is None else f"{args.memory_limit:g} M_B"
     costs = args.costs or Costs.unit()
     print(f"p={args.ranks} m={args.microbatches} costs F={costs.forward} I={costs.backward_input} "
           f"W={costs.backward_weight} C={costs.comm} memory limit {limit}")
-    head = f"{'#':>2}  {'schedule':<18} {'makespan':>10} {'bubble':>8} {'in-span':>8} {'peak M_B':>9} {'vs best':>8}"
+    head = f"{'#':>2}  {'schedule':<24} {'makespan':>10} {'bubble':>8} {'in-span':>8} {'peak M_B':>9} {'vs best':>8}"
     print(head)
     print("-" * len(head))
-    best = timelines[0].makespan if timelines else 0.0
-    for i, t in enumerate(timelines, 1):
+    best = ran[0][1].makespan if ran else 0.0
+    for i, (name, t) in enumerate(ran, 1):
+        label = name if t.schedule.name in ("", name) else f"{name} -> {t.schedule.name}"
         ratio = t.makespan / best if best > 0 else 1.0
-        print(f"{i:>2}  {t.schedule.name:<18} {t.makespan:>10.5g} {t.bubble_rate:>8.4f} "
+        print(f"{i:>2}  {label:<24} {t.makespan:>10.5g} {t.bubble_rate:>8.4f} "
               f"{t.span_bubble_rate:>8.4f} {t.max_peak_memory:>9.4g} {ratio:>7.3f}x")
     for name, reason in refused:
-        print(f" -  {name:<18} cannot run: {reason}")
+        print(f" -  {name:<24} cannot run: {reason}")
 
 
 def run_list(args: argparse.Namespace) -> None:
