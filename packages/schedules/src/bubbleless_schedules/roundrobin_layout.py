@@ -162,11 +162,9 @@ class RoundRobinLayout:
         groups = pool_groups(schedule)
         j, m, kind = action.stage, action.microbatch, action.kind
         role = groups.role(j)
-        if kind not in _ROLE_KINDS[role] and kind not in (Kind.LOAD, Kind.STORE):
-            raise ValueError(
-                f"action {action} has no meaning in a round-robin pool: a {role} job runs "
-                f"{' and '.join(k.value for k in _ROLE_KINDS[role])} per micro-batch, plus LOAD/STORE"
-            )
+        problem = _meaningless(action, role)
+        if problem:
+            raise ValueError(problem)
         if kind is Kind.LOAD:
             return ()
         if kind is Kind.STORE:
@@ -218,6 +216,8 @@ class RoundRobinLayout:
         workers = defaultdict(set)
         for worker, _, action in schedule.all_actions():
             workers[action.stage].add(worker)
+            if action.stage < groups.num_stages and _meaningless(action, groups.role(action.stage)):
+                problems.append(_meaningless(action, groups.role(action.stage)))
         transfers = any(a.kind in (Kind.LOAD, Kind.STORE) for a in counts)
         for j in range(groups.num_stages):
             role = groups.role(j)
@@ -230,6 +230,15 @@ class RoundRobinLayout:
             if transfers:
                 problems += _transfer_problems(schedule, j, role)
         return problems
+
+
+def _meaningless(action: Action, role: str) -> str | None:
+    if action.kind in _ROLE_KINDS[role] or action.kind in (Kind.LOAD, Kind.STORE):
+        return None
+    return (
+        f"action {action} has no meaning in a round-robin pool: a {role} job runs "
+        f"{' and '.join(k.value for k in _ROLE_KINDS[role])} per micro-batch, plus LOAD/STORE"
+    )
 
 
 def _transfer_problems(schedule, stage: int, role: str) -> list[str]:
