@@ -194,6 +194,15 @@ def test_fuse_backward_keeps_sends_after_the_fused_backward():
     validate(fused)
 
 
+@pytest.mark.parametrize("schedule", [s for s in _stage_bound_schedules() if "-p1-" not in s.id])
+def test_fuse_backward_never_slows_or_grows_any_generator(schedule):
+    costs = Costs(18.5, 18.1, 9.3, comm=0.6)
+    fused = fuse_backward(schedule, costs)
+    validate(fused)
+    assert simulate(fused, costs).makespan <= simulate(schedule, costs).makespan + 1e-9
+    assert max(simulate(fused).peak_memory) <= max(simulate(schedule).peak_memory) + 1e-9
+
+
 # -- add_weight_transfers --------------------------------------------------------------------------
 def test_add_weight_transfers_literal():
     bare = generate("roundrobin", num_ranks=2, num_microbatches=2, num_layers=4, weight_transfers=False)
