@@ -1,0 +1,19 @@
+"""bubbleless_runtime: run any stage-bound pipeline schedule for real over torch.distributed.
+
+    >>> from bubbleless_runtime import Pipeline, spawn   # doctest: +SKIP
+    >>> pipe = Pipeline(model, schedule="zbv", num_microbatches=8, loss_fn=loss_fn)  # doctest: +SKIP
+
+Importing this package imports torch and the schedules package only (never transformers): the
+Hugging Face adapters live in ``bubbleless_runtime.models`` and load on demand.
+"""
+
+from .comm import PipelineCommError
+from .launch import init_from_env, run, spawn, under_torchrun
+from .pipeline import DEFAULT_TIMEOUT, Pipeline
+from .split_backward import defer_weight_grads, run_weight_grads
+
+__version__ = "0.1.0"
+__all__ = [
+    "DEFAULT_TIMEOUT", "Pipeline", "PipelineCommError", "defer_weight_grads", "init_from_env", "run",
+    "run_weight_grads", "spawn", "under_torchrun",
+]

@@ -1,0 +1,212 @@
+"""``Pipeline``: run any stage-bound schedule for real, one process per rank.
+
+    pipe = Pipeline(model, schedule="zbv", num_microbatches=8, loss_fn=loss_fn)
+    loss = pipe.step(inputs, targets)   # the summed loss on the rank holding the last stage, else None
+    optimizer.step()                    # .grad of the caller's own parameters is filled
+
+Everything the caller can get wrong is checked in the constructor or at the top of ``step``, on every
+rank, before any communication, so a bad argument is a ``ValueError`` everywhere instead of a hang.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+from bubbleless_schedules import Costs, Schedule, generate, simulate
+
+from . import stages as stages_mod
+from .comm import Channel, PipelineCommError, wait_collective
+from .data_parallel import GradientAverager
+from .executor import Executor, StepState
+from .trace import measured_timeline
+
+DEFAULT_TIMEOUT = 300.0
+
+
+def _lower(schedule: Schedule) -> Schedule:
+    try:  # the schedules package's pass, once it exists
+        from bubbleless_schedules.lowering import add_communication
+    except ImportError:  # TODO: drop the private fallback when bubbleless_schedules.lowering lands
+        from ._lowering import add_communication
+    return add_communication(schedule)
+
+
+def _group_shape(group) -> tuple[int, int]:
+    """(rank in the pipeline group, group size); (0, 1) when torch.distributed is not initialised."""
+    if not dist.is_available() or not dist.is_initialized():
+        if group is not None:
+            raise ValueError("a process group was given but torch.distributed is not initialised")
+        return 0, 1
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def _resolve_schedule(schedule, *, num_ranks, num_microbatches, costs, options) -> Schedule:
+    if isinstance(schedule, str):
+        return generate(schedule, num_ranks=num_ranks, num_microbatches=num_microbatches, costs=costs, **options)
+    if not isinstance(schedule, Schedule):
+        raise ValueError(f"schedule must be a name from bubbleless_schedules.available() or a Schedule, got {schedule!r}")
+    if schedule.stage_to_rank is None:
+        raise ValueError(
+            f"schedule {schedule.name!r} does not bind stages to ranks (a round-robin schedule); "
+            "the multi-process Pipeline runs stage-bound schedules only"
+        )
+    if schedule.num_ranks != num_ranks:
+        raise ValueError(
+            f"schedule {schedule.name!r} is for {schedule.num_ranks} ranks but the pipeline group has {num_ranks}; "
+            f"generate it with num_ranks={num_ranks} or launch {schedule.num_ranks} processes"
+        )
+    if schedule.num_microbatches != num_microbatches:
+        raise ValueError(
+            f"schedule {schedule.name!r} has {schedule.num_microbatches} micro-batches but num_microbatches="
+            f"{num_microbatches}; pass num_microbatches={schedule.num_microbatches}"
+        )
+    return schedule
+
+
+def _split(batch, num_microbatches: int, what: str, device) -> list:
+    """``batch`` (a Tensor or a tuple/list of Tensors) cut into equal micro-batches along dim 0."""
+    tensors = batch if isinstance(batch, (tuple, list)) else (batch,)
+    if not tensors or not all(isinstance(t, torch.Tensor) and t.dim() > 0 for t in tensors):
+        raise ValueError(f"{what} must be a Tensor or a tuple of Tensors with a batch dimension first")
+    for t in tensors:
+        if t.shape[0] % num_microbatches:
+            raise ValueError(
+                f"{what} has batch size {t.shape[0]}, which {num_microbatches} micro-batches do not divide; "
+                f"use a batch size that is a multiple of {num_microbatches} or change num_microbatches"
+            )
+    chunks = [t.to(device).chunk(num_microbatches) for t in tensors]
+    if isinstance(batch, (tuple, list)):
+        return [tuple(c[m] for c in chunks) for m in range(num_microbatches)]
+    return list(chunks[0])
+
+
+def _signature(microbatch) -> tuple:
+    tensors = microbatch if isinstance(microbatch, tuple) else (microbatch,)
+    return tuple((tuple(t.shape), str(t.dtype)) for t in tensors)
+
+
+class Pipeline:
+    """This rank's share of a pipelined model, and the interpreter that runs a schedule over it."""
+
+    def __init__(
+        self,
+        model,
+        *,
+        schedule: str | Schedule,
+        num_microbatches: int,
+        loss_fn: Callable | None,
+        partition=None,
+        group=None,
+        device=None,
+        data_parallel_group=None,
+        costs: Costs | None = None,
+        schedule_options: dict | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        trace: bool = True,
+    ) -> None:
+        if loss_fn is None or not callable(loss_fn):
+            raise ValueError("loss_fn is required: pass loss_fn=callable(output, target) -> scalar Tensor")
+        if isinstance(num_microbatches, bool) or not isinstance(num_microbatches, int) or num_microbatches < 1:
+            raise ValueError(f"num_microbatches must be a positive integer, got {num_microbatches!r}")
+        if not timeout > 0:
+            raise ValueError(f"timeout is in seconds and must be positive, got {timeout!r}")
+        self.rank, self.num_ranks = _group_shape(group)
+        self.schedule = _resolve_schedule(
+            schedule, num_ranks=self.num_ranks, num_microbatches=num_microbatches,
+            costs=costs, options=dict(schedule_options or {}),
+        )
+        layers = stages_mod.layers_of(model)
+        self.stage_sizes = stages_mod.stage_sizes(len(layers), self.schedule.num_stages, partition)
+        self.stages = self.schedule.stages_of(self.rank)
+        stage_modules = stages_mod.cut(layers, self.stage_sizes, self.stages)
+        if device is not None:
+            for module in stage_modules.values():
+                module.to(device)
+        self.device = torch.device(device) if device is not None else _device_of(stage_modules)
+        self.modules = [stage_modules[s] for s in self.stages]
+        self.num_microbatches = num_microbatches
+        self.loss_fn = loss_fn
+        self.costs = costs
+        self.timeout = float(timeout)
+        self.trace = trace
+        self.group = group  # None: the default group
+        self.holds_loss = self.schedule.stage_to_rank[-1] == self.rank
+        self.lowered = _lower(self.schedule)
+        self.last_timeline = None
+        self._checked: set = set()
+        self._averager = None
+        if data_parallel_group is not None:
+            self._averager = GradientAverager(data_parallel_group, stage_modules, timeout=self.timeout, rank=self.rank)
+        channel = Channel(self.group, self.timeout, self.rank) if self.num_ranks > 1 else None
+        self._executor = Executor(
+            rank=self.rank, schedule=self.schedule, lowered_actions=self.lowered.actions[self.rank],
+            modules=stage_modules, loss_fn=loss_fn, channel=channel,
+            on_stage_done=self._averager.stage_done if self._averager else (lambda stage: None),
+        )
+
+    def parameters(self):
+        """This rank's parameters (each once)."""
+        seen = set()
+        for module in self.modules:
+            for p in module.parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    yield p
+
+    def predicted_timeline(self, costs: Costs | None = None):
+        """The simulator's timeline for this schedule under ``costs`` (default: the constructor's, or unit)."""
+        return simulate(self.schedule, costs or self.costs)
+
+    def step(self, inputs, targets):
+        """Run the schedule over one batch; returns the summed loss on the loss-holding rank, else None."""
+        micro_inputs = _split(inputs, self.num_microbatches, "inputs", self.device)
+        micro_targets = _split(targets, self.num_microbatches, "targets", self.device)
+        signature = _signature(micro_inputs[0])
+        if self.num_ranks > 1 and signature not in self._checked:
+            self._check_ranks_agree(signature)
+            self._checked.add(signature)
+        state = StepState(micro_inputs, micro_targets, signature, device=self.device)
+        self._executor.run(state)
+        if self._executor.channel is not None:
+            self._executor.channel.wait_sends()
+        if self._averager is not None:
+            self._averager.finish()
+        if self.trace:
+            self.last_timeline = measured_timeline(
+                self.schedule, state.spans, distributed=self.num_ranks > 1, group=self.group,
+                rank=self.rank, timeout=self.timeout,
+            )
+        if not self.holds_loss:
+            return None
+        return torch.stack([state.losses[m] for m in range(self.num_microbatches)]).sum()
+
+    def _check_ranks_agree(self, signature) -> None:
+        """One small all-gather: every rank must run the same lowered schedule on the same batch shape."""
+        text = f"{self.lowered.to_text()}|{self.num_microbatches}|{signature}|{self.stage_sizes}"
+        digest = int.from_bytes(hashlib.sha256(text.encode()).digest()[:7], "big")
+        mine = torch.tensor([digest], dtype=torch.int64)
+        gathered = [torch.empty_like(mine) for _ in range(self.num_ranks)]
+        work = dist.all_gather(gathered, mine, group=self.group, async_op=True)
+        wait_collective(work, self.timeout, "checking that all ranks run the same schedule", self.rank)
+        values = [int(t) for t in gathered]
+        differ = [r for r, v in enumerate(values) if v != values[0]]
+        if differ:
+            raise ValueError(
+                f"pipeline ranks {differ} disagree with rank 0 on the schedule, num_microbatches, partition or "
+                f"batch shape (this is rank {self.rank}, running {self.schedule.name or 'a custom schedule'!r} "
+                f"with {self.num_microbatches} micro-batches, stage sizes {self.stage_sizes}, batch {signature}); "
+                "every rank must pass the same ones"
+            )
+
+
+def _device_of(stage_modules) -> torch.device:
+    for module in stage_modules.values():
+        for p in module.parameters():
+            return p.device
+    return torch.device("cpu")
+
+
+__all__ = ["DEFAULT_TIMEOUT", "Pipeline", "PipelineCommError"]
