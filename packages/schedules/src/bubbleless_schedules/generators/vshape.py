@@ -1,1 +1,176 @@
-"""(being written)"""
+"""ZB-V, V-Half and V-Min: two chunks per rank in a V (rank i holds stages i and 2p-1-i).
+
+All three are one search with a different memory cap (in chunk activations, 1/2 M_B each):
+
+- ``zbv``: 2p chunks (p M_B, 1F1B's memory). With unit costs and m >= 2p: zero idle inside every
+  rank's span and a whole-makespan bubble of (p-1)/(6m+p-1), the lower bound (the last rank cannot
+  start before p-1 forwards). Also exact for p <= m < 2p on the whole-makespan bubble.
+- ``v-half``: 2 floor((p+2)/2) chunks, i.e. floor((p+2)/2) M_B.
+- ``v-min``: 2 floor((p+4)/3) chunks, i.e. floor((p+4)/3) M_B.
+
+A ``memory_limit`` below the cap lowers it further. The candidates are the ZB-V pattern (warm-up,
+steady F0 I0 W F1 I1 W, with the last W's deferred to fill the cool-down) where its p M_B fits, and
+the list scheduler of ``vshape_greedy`` under several priority rules; each is timed with the given
+costs (per-stage sequences, comm, cheap W) and the fastest kept, ties going to the least idle inside
+the ranks' spans. See ``vshape_greedy`` for why the cap can never deadlock.
+"""
+
+from __future__ import annotations
+
+from ..costs import Costs
+from ..placement import v_placement
+from ..registry import register
+from ..schedule import Schedule
+from .vshape_blocks import as_tokens, block_orders
+from .vshape_greedy import GreedyResult, Policy, v_list_schedule
+
+_POLICIES = (
+    Policy(order=("I", "F1", "F0", "W")),
+    Policy(order=("I", "F1", "W", "F0")),
+    Policy(order=("F1", "I", "F0", "W")),
+    Policy(order=("I", "F1", "F0", "W"), reserve_all=True),
+    Policy(order=("I", "F1", "W", "F0"), patience=0.5),
+    Policy(order=("F1", "F0", "I", "W")),
+    Policy(order=("I", "W", "F1", "F0")),
+    Policy(order=("I", "F1", "F0", "W"), patience=1.0),
+)
+_SEARCH_BUDGET = 60_000
+"""Actions the search may schedule in all (one try at p=32, m=256 schedules 49k in about 0.3 s), so
+large shapes try only the first candidates."""
+
+
+def zbv_script(rank: int, num_ranks: int, num_microbatches: int, deferred_w: int = 0) -> list[str]:
+    """The ZB-V order of one rank as tokens (``F0`` first-chunk forward, ``I1`` second-chunk
+    input-gradient, ``W`` oldest pending weight-gradient): 2(p-rank)-1 first-chunk forwards, ``rank``
+    pairs F1 F0, ``p-rank`` triples F1 I1 W, then F0 I0 W F1 I1 W until the forwards run out.
+    The last ``deferred_w`` W tokens are dropped so those W's fill the cool-down's gaps instead."""
+    p, m = num_ranks, num_microbatches
+    done = {"F0": 0, "F1": 0, "I0": 0, "I1": 0}
+    pending = 0
+    out: list[str] = []
+
+    def emit(token: str) -> None:
+        nonlocal pending
+        if token == "W":
+            if pending:
+                out.append(token)
+                pending -= 1
+            return
+        chunk = token[1]
+        if done[token] >= m or (token[0] == "I" and done["F" + chunk] <= done[token]):
+            return
+        if token == "F1" and done["F0"] <= done["F1"]:
+            return
+        out.append(token)
+        done[token] += 1
+        pending += token[0] == "I"
+
+    for _ in range(2 * (p - rank) - 1):
+        emit("F0")
+    for _ in range(rank):
+        emit("F1")
+        emit("F0")
+    for _ in range(p - rank):
+        for token in ("F1", "I1", "W"):
+            emit(token)
+    while done["F0"] < m or done["F1"] < m:
+        for token in ("F0", "I0", "W", "F1", "I1", "W"):
+            emit(token)
+    if deferred_w:
+        w_positions = [i for i, token in enumerate(out) if token == "W"][-deferred_w:]
+        out = [token for i, token in enumerate(out) if i not in set(w_positions)]
+    return out
+
+
+def _better(a: GreedyResult | None, b: GreedyResult | None) -> bool:
+    if a is None:
+        return False
+    return b is None or (round(a.makespan, 9), round(a.span_sum, 9)) < (round(b.makespan, 9), round(b.span_sum, 9))
+
+
+def _candidates(p: int, m: int, cap_chunks: float):
+    """(scripts, policy) pairs, most promising first for this cap."""
+    if cap_chunks >= 2 * p - 1e-9:
+        for deferred in (1, 0, 2):
+            yield [zbv_script(r, p, m, deferred) for r in range(p)], _POLICIES[0]
+    tight = cap_chunks < p + 2  # tight caps: the repeated block beats the list scheduler
+    if tight:
+        yield from _block_candidate(p, m, cap_chunks)
+    for policy in _POLICIES:
+        yield None, policy
+    if not tight:
+        yield from _block_candidate(p, m, cap_chunks)
+
+
+def _block_candidate(p: int, m: int, cap_chunks: float):
+    block = [as_tokens(order, p) for order in block_orders(p, m)]
+    if max(_peak_chunks(tokens) for tokens in block) <= cap_chunks + 1e-9:
+        yield block, _POLICIES[0]
+
+
+def _peak_chunks(tokens: list[str]) -> int:
+    held = peak = 0
+    for token in tokens:
+        held += 1 if token[0] == "F" else -1 if token == "W" else 0
+        peak = max(peak, held)
+    return peak
+
+
+def search_v_schedule(
+    p: int, m: int, costs: Costs, cap_chunks: float, input_grad_frees: float = 0.0
+) -> GreedyResult:
+    """The fastest order found within ``cap_chunks`` chunk activations per rank."""
+    costs.check_stages(2 * p)
+    best: GreedyResult | None = None
+    spent, per_try = 0, 6 * p * m
+    for scripts, policy in _candidates(p, m, cap_chunks):
+        if best is not None and spent + per_try > _SEARCH_BUDGET:
+            break
+        result = v_list_schedule(p, m, costs, cap_chunks, policy, input_grad_frees, scripts)
+        spent += per_try
+        if result is not None and result.peak_chunks <= cap_chunks + 1e-9 and _better(result, best):
+            best = result
+    assert best is not None, "the unscripted list scheduler always finishes"
+    return best
+
+
+def _v_generator(name: str, cap_m_b, **_):
+    def generate(*, num_ranks: int, num_microbatches: int, costs: Costs, memory_limit: float | None, **options):
+        p, m = num_ranks, num_microbatches
+        input_grad_frees = float(options.pop("input_grad_frees", 0.0))
+        if options:
+            raise ValueError(f"{name} takes no options {sorted(options)}; it accepts input_grad_frees only")
+        cap = float(cap_m_b(p))
+        if memory_limit is not None:
+            cap = min(cap, float(memory_limit))
+        if cap < 1.0:
+            raise ValueError(
+                f"{name} needs memory_limit >= 1 M_B (both chunks of one micro-batch live on the bottom rank "
+                f"at once); got {memory_limit:g}"
+            )
+        best = search_v_schedule(p, m, costs, 2.0 * cap, input_grad_frees)
+        return Schedule(best.actions, num_stages=2 * p, num_microbatches=m, stage_to_rank=v_placement(p), name=name)
+
+    generate.__name__ = name.replace("-", "_")
+    generate.__doc__ = f"{name}: V placement, peak at most {cap_m_b.__doc__} M_B (and memory_limit)."
+    return generate
+
+
+def _zbv_cap(p: int) -> int:
+    """p"""
+    return p
+
+
+def _v_half_cap(p: int) -> int:
+    """floor((p+2)/2)"""
+    return (p + 2) // 2
+
+
+def _v_min_cap(p: int) -> int:
+    """floor((p+4)/3)"""
+    return (p + 4) // 3
+
+
+zbv = register("zbv")(_v_generator("zbv", _zbv_cap))
+v_half = register("v-half")(_v_generator("v-half", _v_half_cap))
+v_min = register("v-min")(_v_generator("v-min", _v_min_cap))

@@ -1,0 +1,227 @@
+"""A fast, cost-aware list scheduler for V placement (rank i holds stages i and 2p-1-i).
+
+The V generators (``zbv``, ``v-half``, ``v-min``) search a handful of priority rules and keep the
+fastest order; each try must cost far less than the shared simulator (a whole search at p=32, m=256
+stays well under a second), so this module simulates while it schedules: a rank that falls free picks,
+among the actions whose inputs have arrived, the first one its ``Policy`` prefers, and the times it
+records are the ones ``simulate`` will find for the same order.
+
+Deadlock under a memory cap is ruled out by reservation: a rank admits a new micro-batch into its
+first chunk only if one activation of room stays free afterwards. Take the oldest unfinished
+micro-batch: forwards run in micro-batch order per stage, so on a rank it has not passed, every
+activation held belongs to a younger micro-batch and was made by a first-chunk forward (a younger one
+cannot overtake it into the second chunk), and the reserved room takes its next forward; its backward
+needs no memory. So it always finishes, and by induction every micro-batch does.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..action import Action, Kind
+from ..costs import Costs
+
+
+@dataclass(frozen=True, kw_only=True)
+class Policy:
+    """How a free rank chooses among ready actions."""
+
+    order: tuple[str, ...] = ("I", "F1", "F0", "W")
+    """Preference among the input-gradient backward (``I``), the forward of the rank's second
+    chunk (``F1``, on the way back up the V), the forward of its first chunk (``F0``, admitting a
+    micro-batch) and a deferred weight-gradient (``W``)."""
+    w_first_when_held: float = float("inf")
+    """Run a pending W before any forward once the rank holds at least this many chunk activations
+    (keeps memory low for the tail; ``inf`` = never)."""
+    reserve_all: bool = False
+    """Admit a micro-batch into the first chunk only with room for the second-chunk forward of every
+    admitted micro-batch (True), or with room for just one more activation (False, which is enough to
+    rule out deadlock and lets a rank fill its warm-up, as ZB-V does)."""
+    patience: float = 0.0
+    """A rank with only a W (or an admission) ready waits for an I or F1 that arrives within this
+    fraction of the W's cost, instead of starting the W and delaying the critical path."""
+
+
+@dataclass(frozen=True)
+class GreedyResult:
+    actions: tuple[tuple[Action, ...], ...]
+    makespan: float
+    span_sum: float
+    """Sum over ranks of (last end - first start): smaller means less idle inside the ranks' spans."""
+    peak_chunks: float
+
+
+def _stage_rank(stage: int, p: int) -> int:
+    return stage if stage < p else 2 * p - 1 - stage
+
+
+def _choose(policy: Policy, ready: dict, held: float) -> str | None:
+    order = policy.order
+    if "W" in ready and held >= policy.w_first_when_held - 1e-9:
+        order = ("I", "W") + tuple(k for k in order if k not in ("I", "W"))
+    return next((key for key in order if key in ready), None)
+
+
+def v_list_schedule(
+    p: int,
+    m: int,
+    costs: Costs,
+    cap_chunks: float,
+    policy: Policy,
+    input_grad_frees: float = 0.0,
+    scripts: Sequence[Sequence[str]] | None = None,
+) -> GreedyResult | None:
+    """Schedule ``m`` micro-batches on ``p`` V-placed ranks, holding at most ``cap_chunks`` chunk
+    activations (one chunk = 1/2 M_B) per rank. Raises ValueError if the cap is below 2 chunks.
+
+    ``scripts`` (optional, one per rank) fix the start of each rank's order as tokens ``F0``, ``F1``,
+    ``I0``, ``I1``, ``W`` (next micro-batch of that kind and chunk; ``W`` the oldest pending); a rank
+    waits for its next token (running a pending W meanwhile, if it has one), and follows ``policy``
+    once its script is done. A script must respect
+    the memory cap itself. Returns None if the scripts lead to a deadlock."""
+    if cap_chunks < 2 - 1e-9:
+        raise ValueError(
+            f"a V schedule needs room for both chunks of one micro-batch (memory_limit >= 1 M_B); got "
+            f"{cap_chunks / 2:g} M_B"
+        )
+    n = 2 * p
+    f_cost = [costs.of(Kind.F, s, 2) for s in range(n)]
+    i_cost = [costs.of(Kind.I, s, 2) for s in range(n)]
+    w_cost = [costs.of(Kind.W, s, 2) for s in range(n)]
+    comm = float(costs.comm)
+    f_done = [[-1.0] * m for _ in range(n)]
+    g_done = [[-1.0] * m for _ in range(n)]
+    next_f = [0] * n
+    next_i = [0] * n
+    held = [0.0] * p
+    peak = [0.0] * p
+    admitted_not_up = [0] * p  # micro-batches past the first chunk's F, not yet past the second's
+    pending_w: list[deque] = [deque() for _ in range(p)]
+    free_at = [0.0] * p
+    first_start = [-1.0] * p
+    out: list[list[Action]] = [[] for _ in range(p)]
+    remaining = 3 * n * m
+    events = [(0.0, r) for r in range(p)]
+    heapq.heapify(events)
+    eps = 1e-12
+    scripts = [deque(s) for s in scripts] if scripts is not None else [deque() for _ in range(p)]
+    g = input_grad_frees
+
+    def f_ready(s: int, r: int) -> float | None:
+        k = next_f[s]
+        if k >= m:
+            return None
+        if s == 0:
+            return 0.0
+        t = f_done[s - 1][k]
+        if t < 0:
+            return None
+        return t + (comm if _stage_rank(s - 1, p) != r else 0.0)
+
+    def i_ready(s: int, r: int) -> float | None:
+        k = next_i[s]
+        if k >= m or f_done[s][k] < 0:
+            return None
+        if s == n - 1:
+            return f_done[s][k]
+        t = g_done[s + 1][k]
+        if t < 0:
+            return None
+        return max(f_done[s][k], t + (comm if _stage_rank(s + 1, p) != r else 0.0))
+
+    makespan = 0.0
+    while remaining:
+        if not events:
+            if any(scripts):
+                return None
+            raise AssertionError("V list scheduler stalled; the reservation rule should prevent this")
+        now, r = heapq.heappop(events)
+        if now < free_at[r] - eps:
+            continue
+        s0, s1 = r, n - 1 - r
+        cand: dict[str, tuple[float, int]] = {}
+        for key, s in (("I1", s1), ("I0", s0)):
+            t = i_ready(s, r)
+            if t is not None:
+                cand[key] = (t, s)
+                if "I" not in cand or t < cand["I"][0] - eps:
+                    cand["I"] = (t, s)
+        script = scripts[r]
+        t = f_ready(s1, r)
+        if t is not None and (script or held[r] + 1 <= cap_chunks + 1e-9):
+            cand["F1"] = (t, s1)
+        t = f_ready(s0, r)
+        reserve = 1 + admitted_not_up[r] if policy.reserve_all else 1
+        if t is not None and (script or held[r] + 1 + reserve <= cap_chunks + 1e-9):
+            cand["F0"] = (t, s0)
+        if pending_w[r]:
+            cand["W"] = (now, -1)
+        ready = {k: v for k, v in cand.items() if v[0] <= now + eps}
+        if script:
+            if script[0] == "W" and not pending_w[r]:
+                script.popleft()  # its W was already run to fill a gap
+                heapq.heappush(events, (now, r))
+                continue
+            choice = script[0] if script[0] in ready else None
+            if choice is None and "W" in ready:
+                choice = "W"  # fill the wait for the script's next action with a deferred W
+            elif choice is None:
+                if script[0] in cand:
+                    heapq.heappush(events, (cand[script[0]][0], r))
+                continue
+            else:
+                script.popleft()
+            if choice in ("I0", "I1"):
+                cand["I"], choice = cand[choice], "I"
+        else:
+            choice = _choose(policy, ready, held[r])
+        if choice in ("W", "F0") and policy.patience > 0 and not script:
+            w_len = w_cost[pending_w[r][0][0]] if pending_w[r] else f_cost[s0]
+            soon = [v[0] for k, v in cand.items() if k in ("I", "F1") and v[0] > now + eps]
+            if soon and min(soon) - now < policy.patience * w_len:
+                heapq.heappush(events, (min(soon), r))
+                continue
+        if choice is None:
+            future = [v[0] for v in cand.values() if v[0] > now + eps]
+            if future:
+                heapq.heappush(events, (min(future), r))
+            continue
+        if choice == "W":
+            s, k = pending_w[r].popleft()
+            end = now + w_cost[s]
+            held[r] -= 1 - g
+            out[r].append(Action(s, Kind.W, k))
+        elif choice == "I":
+            s = cand["I"][1]
+            k = next_i[s]
+            next_i[s] += 1
+            end = now + i_cost[s]
+            g_done[s][k] = end
+            held[r] -= g
+            pending_w[r].append((s, k))
+            out[r].append(Action(s, Kind.I, k))
+            if s > 0:
+                heapq.heappush(events, (end + (comm if _stage_rank(s - 1, p) != r else 0.0), _stage_rank(s - 1, p)))
+        else:
+            s = cand[choice][1]
+            k = next_f[s]
+            next_f[s] += 1
+            end = now + f_cost[s]
+            f_done[s][k] = end
+            held[r] += 1
+            admitted_not_up[r] += 1 if choice == "F0" else -1
+            peak[r] = max(peak[r], held[r])
+            out[r].append(Action(s, Kind.F, k))
+            if s < n - 1:
+                heapq.heappush(events, (end + (comm if _stage_rank(s + 1, p) != r else 0.0), _stage_rank(s + 1, p)))
+        free_at[r] = end
+        if first_start[r] < 0:
+            first_start[r] = now
+        makespan = max(makespan, end)
+        remaining -= 1
+        heapq.heappush(events, (end, r))
+    span_sum = sum(free_at[r] - first_start[r] for r in range(p))
+    return GreedyResult(tuple(tuple(a) for a in out), makespan, span_sum, max(peak))
