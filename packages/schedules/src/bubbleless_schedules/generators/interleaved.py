@@ -37,6 +37,14 @@ def chunk_orders(num_microbatches: int, chunks: int, group: int) -> tuple[list, 
     return forward, backward
 
 
+def warmup_forwards(rank: int, num_ranks: int, chunks: int, group: int) -> int:
+    """Forwards before the first backward. The doubled 2 (p-1-r) covers the wait for the next chunk's
+    input; with one chunk there is no such wait and the count is 1F1B's p-1-r (so v=1 *is* 1F1B)."""
+    if chunks == 1:
+        return num_ranks - 1 - rank
+    return (chunks - 1) * group + 2 * (num_ranks - 1 - rank)
+
+
 @register("interleaved-1f1b")
 def interleaved_1f1b(*, num_ranks: int, num_microbatches: int, chunks_per_rank: int = 2, **_) -> Schedule:
     """Interleaved 1F1B with ``chunks_per_rank`` (v, default 2) looped chunks per rank.
@@ -46,11 +54,11 @@ def interleaved_1f1b(*, num_ranks: int, num_microbatches: int, chunks_per_rank: 
     p, m, v = num_ranks, num_microbatches, chunks_per_rank
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise ValueError(f"chunks_per_rank must be an integer >= 1, got {v!r}")
-    group = round_size(p, m)
+    group = round_size(p, m) if v > 1 else m  # one chunk: no rounds to keep apart
     forward, backward = chunk_orders(m, v, group)
     actions = []
     for r in range(p):
-        warmup = min((v - 1) * group + 2 * (p - 1 - r), m * v)
+        warmup = min(warmup_forwards(r, p, v, group), m * v)
         row = [F(c * p + r, mb) for mb, c in forward[:warmup]]
         for (f_mb, f_c), (b_mb, b_c) in zip(forward[warmup:], backward[: m * v - warmup], strict=True):
             row += [F(f_c * p + r, f_mb), B(b_c * p + r, b_mb)]

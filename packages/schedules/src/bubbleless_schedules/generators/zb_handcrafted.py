@@ -9,7 +9,8 @@ delayed W's fill the gaps of the cool-down. The rank's peak memory is ``warmup +
 - ZB-H1: warmup p-1-r, lag r: peak p M_B on every rank, as 1F1B. With unit costs and m >= p the
   makespan is 3m + p - 1, a whole-makespan bubble of (p-1)/(3m+p-1).
 - ZB-H2: warmup 2(p-1-r), lag 2r: peak min(2p-1, m) M_B on the first rank (2p-1 on every rank once
-  m >= 2p-1). With unit costs and m >= p no rank is ever idle inside its own span.
+  m >= 2p-1). With unit costs and m >= 2p-1 no rank is ever idle inside its own span (fewer
+  micro-batches cannot cover the first rank's wait for its first gradient, 2p-1 forwards long).
 
 The orders ignore costs (they are handcrafted); ``zb`` is the cost-aware scheduler.
 """
@@ -57,6 +58,6 @@ def zb_h1(*, num_ranks: int, num_microbatches: int, **_) -> Schedule:
 
 @register("zb-h2")
 def zb_h2(*, num_ranks: int, num_microbatches: int, **_) -> Schedule:
-    """ZB-H2: peak min(2p-1, m) M_B, no idle inside any rank's span at unit costs for m >= p."""
+    """ZB-H2: peak min(2p-1, m) M_B, no idle inside any rank's span at unit costs for m >= 2p-1."""
     p = num_ranks
     return delayed_w_schedule(p, num_microbatches, lambda r: 2 * (p - 1 - r), lambda r: 2 * r, "zb-h2")
