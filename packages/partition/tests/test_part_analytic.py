@@ -61,3 +61,12 @@ def test_part_hardware_profiles():
     assert all(hw.source for hw in HARDWARE.values())
     with pytest.raises(ValueError, match="unknown hardware"):
         hardware("h100")
+
+
+def test_part_analytic_sliced_head_keeps_totals():
+    whole = analytic_profile(QWEN3_1_7B, RTX_4090, seq_len=1024)
+    sliced = analytic_profile(QWEN3_1_7B, RTX_4090, seq_len=1024, lm_head_shards=2)
+    assert [layer.name for layer in sliced.layers[-2:]] == ["lm_head.0", "lm_head.1"]
+    assert sum(layer.train_time for layer in sliced.layers[-2:]) == pytest.approx(whole.layers[-1].train_time)
+    assert sum(layer.param_bytes for layer in sliced.layers[-2:]) == pytest.approx(whole.layers[-1].param_bytes)
+    assert sliced.layers[-2].output_bytes_per_token == 2048 * 2 + 12  # hidden state and the running softmax

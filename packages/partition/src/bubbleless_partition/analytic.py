@@ -125,38 +125,53 @@ def _embedding(shape: TransformerShape, hw: Hardware, tokens: int, dtype_bytes: 
 
 
 def _lm_head(shape: TransformerShape, hw: Hardware, tokens: int, dtype_bytes: int,
-             loss_chunk_tokens: int | None) -> LayerCost:
-    matmul = 2 * shape.hidden * shape.vocab * tokens
-    loss = tokens * shape.vocab * LOGIT_BYTES * LOSS_PASSES / hw.bytes_per_ms
-    kept_logits = shape.vocab * LOGIT_BYTES
+             loss_chunk_tokens: int | None, shards: int) -> list[LayerCost]:
+    """The final norm, vocabulary projection and loss; as ``shards`` vocabulary slices when asked.
+
+    A sliced head passes the hidden state along with a running max, sum of exponentials and target
+    logit per token (an online softmax), so the loss comes out exact on the last slice.
+    """
+    vocab = shape.vocab / shards
+    matmul = 2 * shape.hidden * vocab * tokens
+    loss = tokens * vocab * LOGIT_BYTES * LOSS_PASSES / hw.bytes_per_ms
+    kept_logits = vocab * LOGIT_BYTES
     if loss_chunk_tokens is not None:
         # The loss and its gradient are computed chunk by chunk, so only one chunk's logits exist at once.
         kept_logits = kept_logits * min(loss_chunk_tokens, tokens) / tokens
-    return LayerCost(
-        name="lm_head",
-        forward=_ms(matmul, hw) + loss,
-        input_grad=_ms(matmul, hw) + loss,
-        weight_grad=_ms(matmul, hw),
-        param_bytes=(shape.vocab + 1) * shape.hidden * dtype_bytes,
-        activation_bytes_per_token=shape.hidden * dtype_bytes + kept_logits,
-        output_bytes_per_token=LOGIT_BYTES,  # the per-token loss
-    )
+    running = shape.hidden * dtype_bytes + 3 * LOGIT_BYTES
+    return [
+        LayerCost(
+            name="lm_head" if shards == 1 else f"lm_head.{k}",
+            forward=_ms(matmul, hw) + loss,
+            input_grad=_ms(matmul, hw) + loss,
+            weight_grad=_ms(matmul, hw),
+            param_bytes=(vocab + (1 if k == 0 else 0)) * shape.hidden * dtype_bytes,
+            activation_bytes_per_token=shape.hidden * dtype_bytes + kept_logits,
+            output_bytes_per_token=LOGIT_BYTES if k == shards - 1 else running,  # the loss, or the running state
+        )
+        for k in range(shards)
+    ]
 
 
 def analytic_profile(shape: TransformerShape, hardware: Hardware, *, seq_len: int, micro_batch_size: int = 1,
                      dtype_bytes: int = 2, loss_chunk_tokens: int | None = None,
-                     state_bytes_per_param_byte: float = 1.0, microbatches_in_flight: int = 1) -> Profile:
+                     state_bytes_per_param_byte: float = 1.0, microbatches_in_flight: int = 1,
+                     lm_head_shards: int = 1) -> Profile:
     """A profile of ``shape`` on ``hardware`` for micro-batches of ``micro_batch_size`` x ``seq_len`` tokens.
 
     ``loss_chunk_tokens``: compute the loss in chunks of this many tokens (RoundPipe uses 4,096), which
-    shrinks the LM head's memory, not its time. The other keywords go to ``Profile`` as they are.
+    shrinks the LM head's memory, not its time. ``lm_head_shards``: model the head as that many
+    vocabulary slices that can sit on different stages (a cost model: the runtime has no sliced head
+    yet). The other keywords go to ``Profile`` as they are.
     """
+    if not isinstance(lm_head_shards, int) or lm_head_shards < 1:
+        raise ValueError(f"lm_head_shards must be a positive int, got {lm_head_shards!r}")
     if not isinstance(seq_len, int) or seq_len < 1 or not isinstance(micro_batch_size, int) or micro_batch_size < 1:
         raise ValueError(f"seq_len and micro_batch_size must be positive ints, got {seq_len!r}, {micro_batch_size!r}")
     tokens = seq_len * micro_batch_size
     layers = [_embedding(shape, hardware, tokens, dtype_bytes)]
     layers += [_decoder_layer(shape, hardware, i, tokens, seq_len, dtype_bytes) for i in range(shape.num_layers)]
-    layers.append(_lm_head(shape, hardware, tokens, dtype_bytes, loss_chunk_tokens))
+    layers += _lm_head(shape, hardware, tokens, dtype_bytes, loss_chunk_tokens, lm_head_shards)
     return Profile(
         layers=tuple(layers), tokens_per_microbatch=tokens,
         link_bandwidth=hardware.link_bandwidth, host_bandwidth=hardware.host_bandwidth,
