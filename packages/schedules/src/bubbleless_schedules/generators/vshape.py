@@ -34,6 +34,7 @@ _POLICIES = (
     Policy(order=("I", "W", "F1", "F0")),
     Policy(order=("I", "F1", "F0", "W"), patience=1.0),
 )
+_FIXED_ORDER = Policy(fill_w=False)
 _SEARCH_BUDGET = 60_000
 """Actions the search may schedule in all (one try at p=32, m=256 schedules 49k in about 0.3 s), so
 large shapes try only the first candidates."""
@@ -103,8 +104,18 @@ def _candidates(p: int, m: int, cap_chunks: float):
 
 
 def _block_candidate(p: int, m: int, cap_chunks: float):
-    block = [as_tokens(order, p) for order in block_orders(p, m)]
-    if max(_peak_chunks(tokens) for tokens in block) <= cap_chunks + 1e-9:
+    """Repeated building blocks (``vshape_blocks``) whose peak fits: the longest turn delays first
+    (most warm-up), each as a fixed order and with deferred W's filling its waits."""
+    fitting = []
+    for delay in range(6 * p):
+        block = [as_tokens(order, p) for order in block_orders(p, m, delay)]
+        peak = max(_peak_chunks(tokens) for tokens in block)
+        if peak <= cap_chunks + 1e-9:
+            fitting.append(block)
+        elif fitting and peak > cap_chunks + 2:
+            break
+    for block in [*reversed(fitting[-3:]), *fitting[:1]]:
+        yield block, _FIXED_ORDER
         yield block, _POLICIES[0]
 
 

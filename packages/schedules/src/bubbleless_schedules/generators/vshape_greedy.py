@@ -36,6 +36,9 @@ class Policy:
     w_first_when_held: float = float("inf")
     """Run a pending W before any forward once the rank holds at least this many chunk activations
     (keeps memory low for the tail; ``inf`` = never)."""
+    fill_w: bool = True
+    """While waiting for its script's next action, a rank runs a pending W (False: follow the script
+    exactly, as a fixed published order does)."""
     reserve_all: bool = False
     """Admit a micro-batch into the first chunk only with room for the second-chunk forward of every
     admitted micro-batch (True), or with room for just one more activation (False, which is enough to
@@ -166,7 +169,7 @@ def v_list_schedule(
                 heapq.heappush(events, (now, r))
                 continue
             choice = script[0] if script[0] in ready else None
-            if choice is None and "W" in ready:
+            if choice is None and "W" in ready and policy.fill_w:
                 choice = "W"  # fill the wait for the script's next action with a deferred W
             elif choice is None:
                 if script[0] in cand:
