@@ -18,6 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 NAMES = available()
+# auto simulates every other generator for each example: seconds per test, so marked slow (CI runs it).
+NAME_PARAMS = [pytest.param(n, marks=pytest.mark.slow) if n == "auto" else n for n in NAMES]
 
 def interleaved_bound(p: int, m: int, v: float) -> float:
     """As its generator documents: rank 0 warms up with (v-1) g + 2 (p-1) forwards of 1/v M_B each and
@@ -102,7 +104,7 @@ def check_schedule(name: str, schedule: Schedule, p: int, m: int, costs: Costs, 
         )
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", NAME_PARAMS)
 @GRID
 @given(p=st.integers(1, 8), m=st.integers(1, 24), costs=costs_strategy)
 def test_generator_validates_or_refuses(name, p, m, costs):
@@ -115,7 +117,7 @@ def test_generator_validates_or_refuses(name, p, m, costs):
     check_schedule(name, schedule, p, m, costs)
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", NAME_PARAMS)
 @GRID
 @given(p=st.integers(1, 8), m=st.integers(1, 24), limit=st.integers(1, 40).map(lambda x: x / 2.5))
 def test_memory_limit_is_kept(name, p, m, limit):
@@ -128,7 +130,7 @@ def test_memory_limit_is_kept(name, p, m, limit):
     assert timeline.max_peak_memory <= limit + 1e-9
 
 
-@pytest.mark.parametrize("name", [n for n in ("zb", "auto") if n in NAMES])
+@pytest.mark.parametrize("name", [p for p in NAME_PARAMS if getattr(p, "values", (p,))[0] in ("zb", "auto")])
 @GRID
 @given(p=st.integers(1, 8), m=st.integers(1, 24), extra=st.integers(0, 8), costs=costs_strategy)
 def test_memory_aware_generators_meet_any_limit_1f1b_meets(name, p, m, extra, costs):
@@ -138,7 +140,7 @@ def test_memory_aware_generators_meet_any_limit_1f1b_meets(name, p, m, extra, co
     check_schedule(name, schedule, p, m, costs, memory_limit=limit)
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", NAME_PARAMS)
 @settings(max_examples=15, deadline=None)
 @given(p=st.integers(1, 6), m=st.integers(1, 12), data=st.data())
 def test_per_stage_costs_are_honoured(name, p, m, data):
