@@ -1,0 +1,75 @@
+"""``auto``: the fastest registered stage-bound schedule that fits the memory limit, under the given costs."""
+
+from __future__ import annotations
+
+import pytest
+from bubbleless_schedules import Costs, available, generate, simulate
+
+PAPER = Costs(18.5, 18.1, 9.3, 0.6)
+CHEAP_W = Costs(18.5, 18.1, 4.6, 0.6)
+
+
+def every_fitting_makespan(p: int, m: int, costs: Costs, limit, **options) -> dict[str, float]:
+    """The oracle: each other registered generator, generated and simulated on its own."""
+    found = {}
+    for name in available():
+        if name == "auto":
+            continue
+        try:
+            schedule = generate(name, num_ranks=p, num_microbatches=m, costs=costs, memory_limit=limit, **options)
+            if schedule.stage_to_rank is None:
+                continue
+            found[name] = simulate(schedule, costs, **options).makespan
+        except ValueError:
+            continue
+    return found
+
+
+@pytest.mark.parametrize("costs", [Costs.unit(), PAPER, CHEAP_W, Costs(18.5, 18.1, 9.3, 9.25)])
+@pytest.mark.parametrize("p,m,limit", [(4, 8, 4), (4, 8, 8), (6, 6, 12), (3, 7, None), (2, 3, 2.5)])
+def test_auto_is_the_fastest_that_fits(costs, p, m, limit):
+    schedule = generate("auto", num_ranks=p, num_microbatches=m, costs=costs, memory_limit=limit)
+    timeline = simulate(schedule, costs)
+    oracle = every_fitting_makespan(p, m, costs, limit)
+    assert timeline.makespan == pytest.approx(min(oracle.values()))
+    assert schedule.name in oracle, "auto returns the winner under its own name"
+    assert schedule.stage_to_rank is not None
+    if limit is not None:
+        assert timeline.max_peak_memory <= limit + 1e-9
+
+
+def test_auto_is_never_slower_than_zb_or_1f1b():
+    for costs in (PAPER, CHEAP_W, Costs(18.5, 18.1, 9.3, 9.25)):
+        for limit in (4, 8):
+            ours = simulate(generate("auto", num_ranks=4, num_microbatches=8, costs=costs, memory_limit=limit), costs)
+            for name in ("zb", "1f1b"):
+                other = generate(name, num_ranks=4, num_microbatches=8, costs=costs, memory_limit=limit)
+                assert ours.makespan <= simulate(other, costs).makespan + 1e-9
+
+
+def test_auto_honours_per_stage_costs():
+    """Per-stage costs for p stages rule out multi-chunk schedules; the rest are judged with them."""
+    costs = Costs([20.0, 18.5, 18.5, 37.0], [20.0, 18.1, 18.1, 36.0], [10.0, 9.3, 9.3, 18.6], 0.6)
+    schedule = generate("auto", num_ranks=4, num_microbatches=12, costs=costs, memory_limit=8)
+    assert schedule.num_stages == 4
+    oracle = every_fitting_makespan(4, 12, costs, 8)
+    assert simulate(schedule, costs).makespan == pytest.approx(min(oracle.values()))
+
+
+def test_auto_refuses_a_limit_nothing_meets():
+    with pytest.raises(ValueError, match="memory_limit"):
+        generate("auto", num_ranks=4, num_microbatches=8, memory_limit=0.5)
+
+
+def test_auto_passes_input_grad_frees_on():
+    """The limit is judged with the caller's input_grad_frees, and the generators see it: with I freeing
+    60%, schedules that hold more micro-batches fit under 5 M_B, and auto is the fastest of them."""
+    costs, frees, shape = PAPER, 0.6, dict(num_ranks=4, num_microbatches=8, memory_limit=5)
+    freed = generate("auto", costs=costs, input_grad_frees=frees, **shape)
+    timeline = simulate(freed, costs, input_grad_frees=frees)
+    assert timeline.max_peak_memory <= 5 + 1e-9
+    oracle = every_fitting_makespan(4, 8, costs, 5, input_grad_frees=frees)
+    assert timeline.makespan == pytest.approx(min(oracle.values()))
+    zb_freed = generate("zb", costs=costs, input_grad_frees=frees, **shape)
+    zb_kept = generate("zb", costs=costs, **shape)
+    assert timeline.makespan <= simulate(zb_freed, costs).makespan < simulate(zb_kept, costs).makespan
