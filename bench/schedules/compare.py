@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import bubbleless_schedules
@@ -244,37 +245,43 @@ def heterogeneous() -> str:
 
 
 # -- (d) generation time ---------------------------------------------------------------------------------
+def _timed(fn):
+    """(result, wall seconds, CPU seconds): CPU time is the verdict, since the bench machine is shared."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    result = fn()
+    return result, time.perf_counter() - wall, time.process_time() - cpu
+
+
 def generation_time() -> str:
     p, m = 32, 256
     rows = []
     for name in ("zb", "v-half"):
         if name not in available():
-            rows.append([name, "-", "-", "-", "not registered yet"])
+            rows.append([name, "-", "-", "-", "-", "not registered yet"])
             continue
         for limit in memory_limits(name, p):
-            best, schedule, note = None, None, ""
+            runs, note = [], ""
             for _ in range(3):
-                start = time.perf_counter()
                 try:
-                    schedule = generate(name, num_ranks=p, num_microbatches=m, costs=PAPER, memory_limit=limit)
+                    runs.append(_timed(partial(generate, name, num_ranks=p, num_microbatches=m, costs=PAPER,
+                                               memory_limit=limit)))
                 except ValueError as exc:
                     note = first_line(exc)
                     break
-                elapsed = time.perf_counter() - start
-                best = elapsed if best is None else min(best, elapsed)
-                if elapsed > 5:
+                if runs[-1][2] > 5:
                     break
-            if best is None:
-                rows.append([name, limit, "-", "-", note])
+            if not runs:
+                rows.append([name, limit, "-", "-", "-", note])
                 continue
-            start = time.perf_counter()
-            validate(schedule)
-            checking = time.perf_counter() - start
-            rows.append([name, limit, f"{best:.3f}", f"{checking:.3f}", "under 1 s" if best < 1 else "**over 1 s**"])
+            schedule, wall, cpu = min(runs, key=lambda r: r[2])
+            _, _, checking = _timed(partial(validate, schedule))
+            rows.append([name, limit, f"{cpu:.3f}", f"{wall:.3f}", f"{checking:.3f}",
+                         "under 1 s" if cpu < 1 else "**over 1 s**"])
     return (
-        f"### (d) Generation time, p={p} m={m}, paper profile (best of 3)\n\n"
+        f"### (d) Generation time, p={p} m={m}, paper profile (best of 3 by CPU time)\n\n"
         "`generate()` includes validating the result and checking its memory; the validation alone is shown "
-        "beside it.\n\n" + table(["schedule", "limit M_B", "generate() s", "of which validate ~s", "verdict"], rows)
+        "beside it.\n\n"
+        + table(["schedule", "limit M_B", "generate() CPU s", "wall s", "of which validate CPU s", "verdict"], rows)
     )
 
 
