@@ -93,18 +93,21 @@ def spawn(
     timeout: float | None = None,
     grace: float = 30.0,
     pg_timeout: float = DEFAULT_PG_TIMEOUT,
+    start_method: str = "forkserver",
 ) -> list:
     """Run ``fn(rank, *args)`` in ``nproc`` fresh local processes joined in one process group.
 
     ``fn`` must be importable (a module-level function). ``threads_per_process``: torch threads per
     child (default: the CPU count shared evenly). ``timeout``: seconds for the whole run (None: no limit).
     ``grace``: after a child fails, how long the others get to report their own errors before they are
-    terminated. Returns the results in rank order.
+    terminated. ``start_method``: "forkserver" (default) imports torch once in a server process that
+    later spawns fork from, which makes repeated spawns cheap; "spawn" starts each child from scratch.
+    Returns the results in rank order.
     """
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise ValueError(f"nproc must be a positive integer, got {nproc!r}")
     threads = threads_per_process or max(1, (os.cpu_count() or 1) // nproc)
-    ctx = mp.get_context("spawn")
+    ctx = _context(start_method)
     reports = ctx.Queue()
     port = _free_port()
     procs = [
@@ -144,6 +147,13 @@ def spawn(
     if failures:
         _raise_first(failures, nproc)
     return [results[r] for r in range(nproc)]
+
+
+def _context(start_method: str):
+    ctx = mp.get_context(start_method)
+    if start_method == "forkserver":
+        ctx.set_forkserver_preload(["torch", "torch.distributed", "bubbleless_runtime"])
+    return ctx
 
 
 def _note_silent_exits(procs, results, failures) -> None:

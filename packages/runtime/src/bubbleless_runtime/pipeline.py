@@ -16,21 +16,21 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 from bubbleless_schedules import Costs, Schedule, generate, simulate
+from bubbleless_schedules.lowering import add_communication
 
 from . import stages as stages_mod
 from .comm import Channel, PipelineCommError, wait_collective
 from .data_parallel import GradientAverager
-from .executor import Executor, StepState
+from .executor import COMM_KINDS, Executor, StepState
 from .trace import measured_timeline
 
 DEFAULT_TIMEOUT = 300.0
 
 
 def _lower(schedule: Schedule) -> Schedule:
-    try:  # the schedules package's pass, once it exists
-        from bubbleless_schedules.lowering import add_communication
-    except ImportError:  # TODO: drop the private fallback when bubbleless_schedules.lowering lands
-        from ._lowering import add_communication
+    """The schedule with its sends and receives (as given when it already has them)."""
+    if any(a.kind in COMM_KINDS for _, _, a in schedule.all_actions()):
+        return schedule
     return add_communication(schedule)
 
 

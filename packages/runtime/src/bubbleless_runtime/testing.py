@@ -144,3 +144,117 @@ def check_against_unpipelined(rank: int, num_microbatches: int, steps: int = 2) 
             "spans": len(timeline.spans), "expected_spans": sum(len(r) for r in schedule.actions),
         }
     return {"results": results, "skipped": found["skipped"]}
+
+
+def survive_a_dead_rank(rank: int, victim: int, timeout: float, out_dir: str) -> dict:
+    """One good step, then ``victim`` dies (os._exit) and every other rank must raise within ``timeout``."""
+    import json
+    import os
+    import time
+
+    from .comm import PipelineCommError
+    from .pipeline import Pipeline
+
+    torch.set_num_threads(1)
+    num_ranks = dist.get_world_size()
+    model = tiny_model(num_ranks + 1)
+    pipe = Pipeline(model, schedule="1f1b", num_microbatches=2 * num_ranks, loss_fn=tiny_loss, timeout=timeout)
+    inputs, targets = tiny_batch(4 * num_ranks)
+    pipe.step(inputs, targets)
+    dist.barrier()
+    if rank == victim:
+        os._exit(17)
+    started = time.monotonic()
+    report = {"rank": rank, "error": None, "type": None}
+    try:
+        pipe.step(inputs, targets)
+    except PipelineCommError as exc:
+        report.update(error=str(exc), type=type(exc).__name__)
+    report["elapsed"] = time.monotonic() - started
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(report, f)
+    return report
+
+
+def disagree_on_schedule(rank: int) -> str:
+    """Rank 1 passes another schedule than the others: every rank must raise ValueError, none hang."""
+    from .pipeline import Pipeline
+
+    torch.set_num_threads(1)
+    num_ranks = dist.get_world_size()
+    name = "gpipe" if rank == 1 else "1f1b"
+    pipe = Pipeline(tiny_model(num_ranks), schedule=name, num_microbatches=num_ranks, loss_fn=tiny_loss, timeout=20)
+    try:
+        pipe.step(*tiny_batch(2 * num_ranks))
+    except ValueError as exc:
+        return str(exc)
+    return "no error"
+
+
+def bad_input_then_good_step(rank: int) -> list[str]:
+    """Every bad argument raises ValueError locally on every rank; a good step still runs afterwards,
+    which shows no rank had started communicating."""
+    from .pipeline import Pipeline
+
+    torch.set_num_threads(1)
+    num_ranks = dist.get_world_size()
+    model = tiny_model(num_ranks + 1)
+    inputs, targets = tiny_batch(2 * num_ranks)
+    ok = dict(schedule="1f1b", num_microbatches=num_ranks, loss_fn=tiny_loss, timeout=20)
+    attempts = {
+        "ranks": lambda: Pipeline(model, **{**ok, "schedule": generate("1f1b", num_ranks=num_ranks + 1,
+                                                                          num_microbatches=num_ranks)}),
+        "loss": lambda: Pipeline(model, **{**ok, "loss_fn": None}),
+        "cut": lambda: Pipeline(tiny_model(num_ranks - 1 or 1), **ok) if num_ranks > 1 else None,
+        "partition": lambda: Pipeline(model, **ok, partition=[1] * num_ranks),
+        "batch": lambda: Pipeline(model, **ok).step(*tiny_batch(2 * num_ranks + 1)),
+    }
+    messages = []
+    for attempt in attempts.values():
+        try:
+            attempt()
+        except ValueError as exc:
+            messages.append(str(exc))
+        else:
+            messages.append("no error")
+    Pipeline(model, **ok).step(inputs, targets)
+    return messages
+
+
+def data_parallel_2x2(rank: int, names: list[str]) -> dict:
+    """4 ranks: pipelines {0,1} and {2,3}, replicas {0,2} and {1,3}, each replica on its own data.
+    Gradients must equal the mean over replicas of the unpipelined model's."""
+    from .pipeline import Pipeline
+
+    torch.set_num_threads(1)
+    pipelines = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    replicas = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+    replica, stage_rank = divmod(rank, 2)
+    num_microbatches = 4
+    errors = {}
+    for name in names:
+        schedule = generate(name, num_ranks=2, num_microbatches=num_microbatches)
+        num_layers = schedule.num_stages + 1
+        model = tiny_model(num_layers)
+        batches = [tiny_batch(8, seed=10 + r) for r in range(2)]
+        per_replica = [reference_grads(tiny_model(num_layers), x, y, num_microbatches)[1] for x, y in batches]
+        pipe = Pipeline(model, schedule=schedule, num_microbatches=num_microbatches, loss_fn=tiny_loss,
+                        group=pipelines[replica], data_parallel_group=replicas[stage_rank], timeout=60)
+        model.zero_grad(set_to_none=True)
+        pipe.step(*batches[replica])
+        owned = {id(p) for p in pipe.parameters()}
+        worst = 0.0
+        for n, p in model.named_parameters():
+            if id(p) in owned:
+                want = (per_replica[0][n] + per_replica[1][n]) / 2
+                worst = max(worst, relative_error(p.grad, want))
+                assert relative_error(per_replica[0][n], want) > 1e-3  # the replicas' data really differ
+        errors[name] = worst
+    return errors
+
+
+def fail_on_rank(rank: int, failing: int | None) -> int:
+    """Returns the rank, or raises KeyError on rank ``failing`` (to test exception propagation)."""
+    if rank == failing:
+        raise KeyError("broken on purpose")
+    return rank

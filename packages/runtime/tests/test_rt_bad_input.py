@@ -1,0 +1,80 @@
+"""Bad input raises ValueError saying what to change, on every rank, before any communication."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from bubbleless_runtime import Pipeline, spawn
+from bubbleless_runtime.testing import bad_input_then_good_step, tiny_batch, tiny_loss, tiny_model
+from bubbleless_schedules import generate
+
+OK = dict(schedule="1f1b", num_microbatches=2, loss_fn=tiny_loss)
+
+
+def test_rt_schedule_for_other_rank_count():
+    schedule = generate("1f1b", num_ranks=2, num_microbatches=2)
+    with pytest.raises(ValueError, match="is for 2 ranks but the pipeline group has 1"):
+        Pipeline(tiny_model(3), **{**OK, "schedule": schedule})
+
+
+def test_rt_schedule_with_other_microbatch_count():
+    schedule = generate("1f1b", num_ranks=1, num_microbatches=4)
+    with pytest.raises(ValueError, match="pass num_microbatches=4"):
+        Pipeline(tiny_model(3), **{**OK, "schedule": schedule})
+
+
+def test_rt_missing_loss_fn():
+    with pytest.raises(ValueError, match="loss_fn is required"):
+        Pipeline(tiny_model(3), **{**OK, "loss_fn": None})
+
+
+def test_rt_microbatches_must_divide_the_batch():
+    pipe = Pipeline(tiny_model(3), **OK)
+    with pytest.raises(ValueError, match="multiple of 2"):
+        pipe.step(*tiny_batch(5))
+
+
+@pytest.mark.parametrize(
+    ("model", "partition", "match"),
+    [
+        (torch.nn.Linear(2, 2), None, "nn.Sequential or a list of layers"),
+        (tiny_model(1), None, "at least 2 layers"),
+        (tiny_model(4), [4], "gives 1 stages but the schedule has 2"),
+        (tiny_model(4), [1, 2], "make the counts sum to 4"),
+        (tiny_model(4), [0, 4], "at least one layer"),
+    ],
+)
+def test_rt_model_that_cannot_be_cut(model, partition, match):
+    with pytest.raises(ValueError, match=match):
+        Pipeline(model, **{**OK, "schedule": _two_stage_single_rank()}, partition=partition)
+
+
+def _two_stage_single_rank():
+    """Two stages on one rank (so a cut is needed without launching processes)."""
+    from bubbleless_schedules import Action, Kind, Schedule
+
+    forwards = [Action(s, Kind.F, m) for m in range(2) for s in (0, 1)]
+    rows = [forwards + [Action(s, Kind.B, m) for m in range(2) for s in (1, 0)]]
+    return Schedule(rows, num_stages=2, num_microbatches=2, stage_to_rank=(0, 0), name="two-on-one")
+
+
+def test_rt_single_process_with_a_partition_matches_the_model():
+    model, ref = tiny_model(4), tiny_model(4)
+    pipe = Pipeline(model, **{**OK, "schedule": _two_stage_single_rank()}, partition=[1, 3])
+    inputs, targets = tiny_batch(4)
+    loss = pipe.step(inputs, targets)
+    ref_loss = sum(tiny_loss(ref(x), y) for x, y in zip(inputs.chunk(2), targets.chunk(2), strict=True))
+    ref_loss.backward()
+    assert torch.allclose(loss, ref_loss.detach())
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        assert torch.allclose(p.grad, q.grad, rtol=1e-5, atol=1e-7)
+    assert [len(m) for m in pipe.modules] == [1, 3] and pipe.modules[1][0] is model[1]  # the caller's layers
+
+
+@pytest.mark.slow
+def test_rt_every_rank_raises_before_communicating():
+    per_rank = spawn(bad_input_then_good_step, 2, threads_per_process=1, timeout=60)
+    for messages in per_rank:
+        assert "no error" not in messages, messages
+        assert any("launch 3 processes" in m for m in messages)
+        assert any("multiple of 2" in m for m in messages)
