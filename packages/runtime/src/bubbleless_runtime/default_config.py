@@ -29,7 +29,7 @@ optimizer:
   warmup_steps: 10
   max_grad_norm: 1.0
 train:
-  steps: 300
+  steps: 200
   precision: fp32
   seed: 0
   output_dir: bubbleless-run
