@@ -66,6 +66,20 @@ def demo(session: nox.Session) -> None:
 
 
 @nox.session
+def bench_schedules(session: nox.Session) -> None:
+    """Issue-2 quality table: closed forms, ours vs reference heuristics, heterogeneous stages, timing."""
+    _install(session, ("schedules",))
+    session.run("python", "bench/schedules/compare.py", env=TEST_ENV)
+
+
+@nox.session
+def bench_partition(session: nox.Session) -> None:
+    """Slowest stage over ideal for every cut method on Qwen3-1.7B/8B/32B-shaped profiles."""
+    _install(session, ("schedules", "partition"))
+    session.run("python", "bench/partition/quality.py", env=TEST_ENV)
+
+
+@nox.session
 def golden(session: nox.Session) -> None:
     """Regenerate the golden schedule CSV files after an intended change."""
     _install(session, ("schedules",))

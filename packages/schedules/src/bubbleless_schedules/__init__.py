@@ -9,15 +9,22 @@
 from .action import Action, Kind
 from .costs import Costs
 from .layouts import register_layout
+from .lowering import add_communication, add_weight_transfers, fuse_backward
 from .placement import loop_placement, v_placement
+from .plot import plot_timeline
 from .registry import aliases, available, canonical_name, generate, register
+from .roundrobin_layout import PoolGroups, peak_weight_layers, pool_groups
 from .schedule import Schedule
 from .simulate import Span, Timeline, peak_memory, simulate
+from .timeline_text import render_timeline
+from .trace import trace_events, write_trace
 from .validate import validate
 
 __version__ = "0.1.0"
 __all__ = [
-    "Action", "Costs", "Kind", "Schedule", "Span", "Timeline",
-    "aliases", "available", "canonical_name", "generate", "loop_placement", "peak_memory",
-    "register", "register_layout", "simulate", "v_placement", "validate",
+    "Action", "Costs", "Kind", "PoolGroups", "Schedule", "Span", "Timeline",
+    "add_communication", "add_weight_transfers", "aliases", "available", "canonical_name", "fuse_backward",
+    "generate", "loop_placement", "peak_memory", "peak_weight_layers", "plot_timeline", "pool_groups",
+    "register", "register_layout", "render_timeline", "simulate", "trace_events", "v_placement", "validate",
+    "write_trace",
 ]
