@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 from dataclasses import dataclass
 from statistics import mean
@@ -84,32 +83,14 @@ def launch(config: RunConfig) -> None:
     if nproc == 1:
         run_rank(config)
         return
-    try:
-        from .launch import spawn
-    except ImportError:  # the executor's launcher not there yet: torch's own spawn
-        spawn = None
-    if spawn is not None:
-        spawn(_spawned_rank, nproc, config, None)
-        return
-    import torch.multiprocessing as mp
+    from .launch import spawn
 
-    mp.spawn(_spawned_rank, args=(config, _free_port()), nprocs=nproc, join=True)
+    spawn(_spawned_rank, nproc, config, backend=config.pipeline.backend)
 
 
-def _spawned_rank(rank: int, config: RunConfig, port: int | None) -> None:
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        if port is not None:
-            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        os.environ.update(RANK=str(rank), WORLD_SIZE=str(config.pipeline.nproc))
+def _spawned_rank(rank: int, config: RunConfig) -> None:
+    """One child of ``launch.spawn`` (which has joined the process group already)."""
     run_rank(config)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---- one rank of the job ----
@@ -134,7 +115,8 @@ def run_rank(config: RunConfig) -> RunResult:
     import torch
     import torch.distributed as dist
 
-    if dist.is_available() and "WORLD_SIZE" in os.environ and not dist.is_initialized():
+    created = dist.is_available() and "WORLD_SIZE" in os.environ and not dist.is_initialized()
+    if created:  # torchrun: we join the group; under launch.spawn it already exists
         dist.init_process_group(config.pipeline.backend)
     world = dist.get_world_size() if dist.is_initialized() else 1
     rank = dist.get_rank() if dist.is_initialized() else 0
@@ -142,7 +124,7 @@ def run_rank(config: RunConfig) -> RunResult:
     try:
         return _train(config, rank=rank)
     finally:
-        if dist.is_initialized():
+        if created and dist.is_initialized():
             dist.destroy_process_group()
 
 
