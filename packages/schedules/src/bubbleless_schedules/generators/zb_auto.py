@@ -92,10 +92,13 @@ def zb(
     costs.check_stages(p)
     best_orders, best_key = None, (INF, INF)
     families = _depth_families(p, m, costs, limit)
+    if p * m > _LARGE:
+        del families["round-trip+1"]
+    if input_grad_frees == 0.0:  # held >= forwards - I's, so a depth above the limit changes nothing
+        cap = max(1, math.floor(limit + 1e-9))
+        families = {name: tuple(min(d, cap) for d in depth) for name, depth in families.items()}
     fit_options = (False,) if p * m > _LARGE else (False, True)
-    for name, ahead in families.items():
-        if p * m > _LARGE and name == "round-trip+1":
-            continue
+    for ahead in dict.fromkeys(families.values()):  # distinct depths only, in family order
         for w_fit in fit_options:
             policy = GreedyPolicy(
                 ahead=ahead, memory_limit=limit, input_grad_frees=input_grad_frees, w_only_if_it_fits=w_fit

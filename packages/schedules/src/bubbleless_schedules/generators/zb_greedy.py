@@ -147,37 +147,44 @@ def evaluate_orders(orders, costs: Costs, num_ranks: int) -> float:
     Returns ``INF`` when the orders deadlock.
     """
     p = num_ranks
-    cf, ci, cw = stage_costs(costs, p)
-    cost = {Kind.F: cf, Kind.I: ci, Kind.W: cw}
+    m = 1 + max((mb for row in orders for _, mb in row), default=0)
+    cost_f, cost_i, cost_w = stage_costs(costs, p)
     comm = float(costs.comm)
-    done: dict[tuple, float] = {}
+    f_end = [[INF] * m for _ in range(p)]
+    i_end = [[INF] * m for _ in range(p)]
     pos, free = [0] * p, [0.0] * p
     progress = True
     while progress:
         progress = False
         for r in range(p):
-            row = orders[r]
-            s = r
-            while pos[r] < len(row):
-                k, mb = row[pos[r]]
-                if k is Kind.F:
-                    dep = 0.0 if s == 0 else done.get((Kind.F, s - 1, mb), None)
-                    dep = None if dep is None else (dep + comm if s > 0 else dep)
-                elif k is Kind.I:
-                    own = done.get((Kind.F, s, mb))
-                    nxt = 0.0 if s == p - 1 else done.get((Kind.I, s + 1, mb))
-                    dep = None if own is None or nxt is None else max(own, nxt + (comm if s < p - 1 else 0.0))
-                elif k is Kind.W:
-                    dep = done.get((Kind.I, s, mb))
+            row, at, t = orders[r], pos[r], free[r]
+            f_prev = f_end[r - 1] if r > 0 else None
+            i_next = i_end[r + 1] if r < p - 1 else None
+            f_own, i_own = f_end[r], i_end[r]
+            cf, ci, cw = cost_f[r], cost_i[r], cost_w[r]
+            while at < len(row):
+                kind, mb = row[at]
+                if kind is Kind.F:
+                    ready = 0.0 if f_prev is None else f_prev[mb] + comm
+                    if ready == INF:
+                        break
+                    t = max(t, ready) + cf
+                    f_own[mb] = t
+                elif kind is Kind.I:
+                    ready = f_own[mb] if i_next is None else max(f_own[mb], i_next[mb] + comm)
+                    if ready == INF:
+                        break
+                    t = max(t, ready) + ci
+                    i_own[mb] = t
+                elif kind is Kind.W:
+                    if i_own[mb] == INF:
+                        break
+                    t = max(t, i_own[mb]) + cw
                 else:
-                    raise ValueError(f"evaluate_orders handles F, I and W only, got {k}")
-                if dep is None:
-                    break
-                end = max(free[r], dep) + cost[k][s]
-                done[(k, s, mb)] = end
-                free[r] = end
-                pos[r] += 1
-                progress = True
+                    raise ValueError(f"evaluate_orders handles F, I and W only, got {kind}")
+                at += 1
+            if at != pos[r]:
+                pos[r], free[r], progress = at, t, True
     if any(pos[r] < len(orders[r]) for r in range(p)):
         return INF
     return max(free)
