@@ -6,8 +6,8 @@ It builds candidate orders and keeps the one with the smallest simulated makespa
   limit, then W into the gaps) under several warm-up depths: 1F1B's p-r, ZB-H2's 2(p-r)-1, the depth
   that covers each rank's round trip under the given per-stage costs and comm, and "as deep as memory
   allows"; each with W filling every gap or only the gaps it fits in;
-- the delayed-W pattern of ZB-H1 / ZB-H2 at every depth between them that fits the limit, and 1F1B
-  with the backward split.
+- the delayed-W orders of ZB-H1 and ZB-H2 (``zb_handcrafted``) where their peak fits the limit, and
+  1F1B with the backward split.
 
 Because the handcrafted schedules are among the candidates, ``zb`` is never slower than ZB-H1 (or
 ZB-H2, when the limit allows 2p-1) under the same costs. Every candidate is timed with the simulator's
@@ -56,7 +56,7 @@ def _depth_families(p: int, m: int, costs: Costs, limit: float) -> dict[str, tup
 
 
 def _pattern_candidates(p: int, m: int, limit: float) -> list[tuple]:
-    """Delayed-W orders (ZB-H1 at depth 1 ... ZB-H2 at depth 2) whose peak fits ``limit``."""
+    """Delayed-W orders (ZB-H1 at depth 1, ZB-H2 at depth 2, 1F1B split) whose peak fits ``limit``."""
     candidates = []
     for depth in range(1, 3):
         warmup = [depth * (p - 1 - r) for r in range(p)]
