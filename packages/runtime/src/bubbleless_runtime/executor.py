@@ -64,7 +64,7 @@ class Executor:
     """Runs one rank's share of a lowered schedule with real autograd and real transfers."""
 
     def __init__(self, *, rank, schedule, lowered_actions, modules, loss_fn, channel: Channel | None,
-                 on_stage_done: Callable[[int], None]):
+                 on_stage_done: Callable[[int], None], prefetch: int = 0):
         self.rank = rank
         self.schedule = schedule
         self.owner = schedule.stage_to_rank
@@ -91,25 +91,51 @@ class Executor:
             Kind.SEND_B: self.send_backward,
             Kind.RECV_B: self.receive_backward,
         }
+        self.prefetch = prefetch
+        self.segments = self._segments()
 
     # -- the loop ----------------------------------------------------------------------------------
     def run(self, state: StepState) -> None:
+        """Each compute action runs after the transfers lowered before it are posted; receives of the
+        next ``prefetch`` compute actions are posted early too (in lowered order) to overlap transfers."""
         self.remaining = dict(self.backwards_per_stage)
-        batch: list[Transfer] = []
-        for action in self.actions:
-            handler = self.handlers.get(action.kind)
-            if handler is None:
-                raise ValueError(f"the multi-process executor cannot run {action} ({action.kind} actions)")
-            if action.kind in COMM_KINDS:
-                batch += handler(action, state)
-                continue
+        posted: set[int] = set()
+        for k, (comms, action) in enumerate(self.segments):
+            batch: list[Transfer] = []
+            for position, comm in comms:
+                if position not in posted:
+                    posted.add(position)
+                    batch += self.handlers[comm.kind](comm, state)
+            for position, comm in self._receives_ahead(k):
+                if position not in posted:
+                    posted.add(position)
+                    batch += self.handlers[comm.kind](comm, state)
             self._post(batch)
-            batch = []
+            if action is None:
+                continue
             state.ready_at = None
             start = time.time()
-            handler(action, state)
+            self.handlers[action.kind](action, state)
             state.spans.append((action, max(start, state.ready_at or start), time.time()))
-        self._post(batch)
+
+    def _segments(self) -> list:
+        """[(comm actions before it with their positions, compute action)], trailing comms last (action None)."""
+        segments, comms = [], []
+        for position, action in enumerate(self.actions):
+            if action.kind not in self.handlers:
+                raise ValueError(f"the multi-process executor cannot run {action} ({action.kind} actions)")
+            if action.kind in COMM_KINDS:
+                comms.append((position, action))
+            else:
+                segments.append((comms, action))
+                comms = []
+        if comms:
+            segments.append((comms, None))
+        return segments
+
+    def _receives_ahead(self, k: int):
+        for comms, _ in self.segments[k + 1:k + 1 + self.prefetch]:
+            yield from ((position, c) for position, c in comms if c.kind in (Kind.RECV_F, Kind.RECV_B))
 
     def _post(self, batch: list[Transfer]) -> None:
         if batch:

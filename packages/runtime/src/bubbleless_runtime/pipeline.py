@@ -106,6 +106,7 @@ class Pipeline:
         schedule_options: dict | None = None,
         timeout: float = DEFAULT_TIMEOUT,
         trace: bool = True,
+        prefetch: int | None = None,
     ) -> None:
         if loss_fn is None or not callable(loss_fn):
             raise ValueError("loss_fn is required: pass loss_fn=callable(output, target) -> scalar Tensor")
@@ -145,6 +146,7 @@ class Pipeline:
             rank=self.rank, schedule=self.schedule, lowered_actions=self.lowered.actions[self.rank],
             modules=stage_modules, loss_fn=loss_fn, channel=channel,
             on_stage_done=self._averager.stage_done if self._averager else (lambda stage: None),
+            prefetch=_default_prefetch(self.group) if prefetch is None else prefetch,
         )
 
     def parameters(self):
@@ -200,6 +202,15 @@ class Pipeline:
                 f"with {self.num_microbatches} micro-batches, stage sizes {self.stage_sizes}, batch {signature}); "
                 "every rank must pass the same ones"
             )
+
+
+def _default_prefetch(group) -> int:
+    """How many compute actions ahead receives are posted. On gloo every message has its own tag, so
+    posting early is safe and overlaps transfers with compute; NCCL matches by posting order on one
+    stream per peer pair, where a receive hoisted above a send to the same peer could deadlock."""
+    if not dist.is_initialized():
+        return 0
+    return 2 if dist.get_backend(group) == "gloo" else 0
 
 
 def _device_of(stage_modules) -> torch.device:

@@ -123,11 +123,12 @@ def check_against_unpipelined(rank: int, num_microbatches: int, steps: int = 2) 
     found = schedules_to_check(num_ranks, num_microbatches)
     results = {}
     inputs, targets = tiny_batch(2 * num_microbatches)
-    for name, schedule in found["schedules"].items():
+    for index, (name, schedule) in enumerate(found["schedules"].items()):
         num_layers = schedule.num_stages + 1  # one uneven stage
         model, ref = tiny_model(num_layers), tiny_model(num_layers)
         ref_loss, ref_grads = reference_grads(ref, inputs, targets, num_microbatches)
-        pipe = Pipeline(model, schedule=schedule, num_microbatches=num_microbatches, loss_fn=tiny_loss, timeout=60)
+        pipe = Pipeline(model, schedule=schedule, num_microbatches=num_microbatches, loss_fn=tiny_loss, timeout=60,
+                        prefetch=index % 3)  # receives posted 0, 1 or 2 compute actions ahead
         worst, loss_error = 0.0, None
         for _ in range(steps):
             model.zero_grad(set_to_none=True)
