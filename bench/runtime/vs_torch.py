@@ -180,7 +180,7 @@ def main() -> None:
         "Bubble rates: idle share of the whole makespan over all ranks (and inside each rank's own span), from our",
         "trace of one more step; the simulator's use the median F, I, W (or B) durations of that same trace, with",
         "communication cost 0, so the difference is what the simulator does not model (transfers, Python overhead,",
-        "load from other processes on this shared machine).",
+        "load from other processes on this shared machine). With more ranks than free cores, a rank waits for a CPU\nas well as for its peers, which the simulator cannot know: the bubble comparison is only meaningful with a core per rank.",
         "",
     ]
     text = "\n".join(lines)
