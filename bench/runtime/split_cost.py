@@ -16,9 +16,8 @@ import statistics
 import time
 
 import torch
-from torch import nn
-
 from bubbleless_runtime import defer_weight_grads, run_weight_grads
+from torch import nn
 
 
 def block(width: int) -> nn.Module:
