@@ -16,8 +16,9 @@ import statistics
 import time
 
 import torch
-from bubbleless_runtime import defer_weight_grads, run_weight_grads
 from torch import nn
+
+from bubbleless_runtime import defer_weight_grads, run_weight_grads
 
 
 def block(width: int) -> nn.Module:

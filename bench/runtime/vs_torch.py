@@ -21,9 +21,10 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch import nn
+
 from bubbleless_runtime import Pipeline, spawn
 from bubbleless_schedules import Costs, Kind
-from torch import nn
 
 CASES = [  # (label, our schedule name, torch schedule class name, stage placement)
     ("1F1B", "1f1b", "Schedule1F1B", "loop1"),

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from itertools import combinations, pairwise
 
-from bubbleless_partition import LayerCost, Profile, price_pipeline
 from hypothesis import strategies as st
+
+from bubbleless_partition import LayerCost, Profile, price_pipeline
 
 times = st.floats(min_value=0.0, max_value=10.0, allow_nan=False)
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import math
 
 import pytest
-from bubbleless_partition import LayerCost, Profile, cut, price_pipeline
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from part_strategies import all_sizes, brute_force, profiles
+
+from bubbleless_partition import LayerCost, Profile, cut, price_pipeline
 
 
 def _close(a: float, b: float) -> bool:

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+
 from bubbleless_partition import cut, profile
 
 torch = pytest.importorskip("torch")

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from part_strategies import profiles
+
 from bubbleless_partition import (
     RTX_4090,
     TransformerShape,
@@ -12,8 +15,6 @@ from bubbleless_partition import (
     profile_to_dict,
     save_profile,
 )
-from hypothesis import given, settings
-from part_strategies import profiles
 
 
 def test_part_yaml_round_trip(tmp_path):

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import math
 
-from bubbleless_partition import LayerCost, Profile, cut, price_pipeline
-from bubbleless_partition.placement import v_placement
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from part_strategies import brute_force, profiles
+
+from bubbleless_partition import LayerCost, Profile, cut, price_pipeline
+from bubbleless_partition.placement import v_placement
 
 
 @settings(max_examples=120, deadline=None)

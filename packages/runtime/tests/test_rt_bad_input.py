@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from bubbleless_runtime import Pipeline, spawn
 from bubbleless_runtime.testing import bad_input_then_good_step, tiny_batch, tiny_loss, tiny_model
 from bubbleless_schedules import generate

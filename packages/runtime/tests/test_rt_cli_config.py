@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from bubbleless_runtime import config as cfg
 from bubbleless_runtime.cli import build_parser, main, resolve_config
 from bubbleless_runtime.default_config import DEFAULT_CONFIG_YAML

@@ -48,8 +48,9 @@ def test_train_reports_loss_bubbles_and_writes_png_trace_and_checkpoint(tmp_path
 
 @pytest.mark.slow
 def test_lora_on_moe_trains_through_the_pipeline_and_saves_a_loadable_adapter(tmp_path):
-    from bubbleless_runtime.models import build_causal_lm
     from peft import PeftModel
+
+    from bubbleless_runtime.models import build_causal_lm
 
     out = run_cli(
         tmp_path,

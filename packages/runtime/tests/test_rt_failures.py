@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from bubbleless_runtime import spawn
 from bubbleless_runtime.testing import disagree_on_schedule, survive_a_dead_rank
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from bubbleless_runtime import defer_weight_grads, run_weight_grads
 from torch import nn
+
+from bubbleless_runtime import defer_weight_grads, run_weight_grads
 
 
 def _grads(module):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from bubbleless_schedules import Costs, available, generate, simulate
 
 PAPER = Costs(18.5, 18.1, 9.3, 0.6)

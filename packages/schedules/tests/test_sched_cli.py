@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+
 from bubbleless_schedules import Schedule, available, generate
 from bubbleless_schedules.cli import compare_rows, main
 

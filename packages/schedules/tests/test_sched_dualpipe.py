@@ -4,6 +4,7 @@ never slower than the published order it chooses among."""
 from __future__ import annotations
 
 import pytest
+
 from bubbleless_schedules import Costs, Kind, generate, peak_memory, simulate
 from bubbleless_schedules.generators.dualpipe import SPLITS, dualpipev_schedule
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from bubbleless_schedules import Costs, available, generate, simulate, validate
 
 NAMES = available()

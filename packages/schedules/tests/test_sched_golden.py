@@ -11,6 +11,7 @@ import difflib
 from pathlib import Path
 
 import pytest
+
 from bubbleless_schedules import available
 from bubbleless_schedules.golden import SHAPES, golden_text, shape_file
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import bubbleless_schedules
 import pytest
-from bubbleless_schedules import Costs, Kind, Schedule, available, generate, simulate
-from bubbleless_schedules.layouts import layout_of
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+import bubbleless_schedules
+from bubbleless_schedules import Costs, Kind, Schedule, available, generate, simulate
+from bubbleless_schedules.layouts import layout_of
 
 NAMES = available()
 # auto simulates every other generator for each example: seconds per test, so marked slow (CI runs it).

@@ -6,6 +6,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+
 from bubbleless_schedules import Costs, Kind, generate, simulate
 from bubbleless_schedules.generators.interleaved import round_size
 

@@ -4,6 +4,7 @@ refused with a message that says what was expected; render marks the failing ste
 from __future__ import annotations
 
 import pytest
+
 from bubbleless_schedules import Action, Kind, Schedule, generate
 from bubbleless_schedules.action import STAGE_KINDS
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 import pytest
+
 from bubbleless_schedules import Costs, Kind, Schedule, available, generate, simulate, validate
 from bubbleless_schedules.action import COMM_KINDS
 from bubbleless_schedules.lowering import add_communication, add_weight_transfers, fuse_backward

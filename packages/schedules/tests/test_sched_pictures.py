@@ -6,6 +6,7 @@ import json
 import sys
 
 import pytest
+
 from bubbleless_schedules import Action, Costs, Kind, Schedule, Span, Timeline, generate, simulate
 from bubbleless_schedules.timeline_text import IDLE, render_timeline
 from bubbleless_schedules.trace import trace_events, write_trace

@@ -4,6 +4,7 @@ kept in meta, the cost and memory conventions, the wavefront, and refusals that 
 from __future__ import annotations
 
 import pytest
+
 from bubbleless_schedules import Action, Costs, Kind, Schedule, generate, simulate, validate
 from bubbleless_schedules.roundrobin_layout import PoolGroups, peak_weight_layers, pool_groups
 

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from bubbleless_schedules import Costs, generate, peak_memory, simulate
 from bubbleless_schedules.generators.vshape import zbv_script
 

@@ -7,6 +7,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+
 from bubbleless_schedules import Action, Costs, Kind, generate, simulate
 from bubbleless_schedules.generators.zb_greedy import GreedyPolicy, evaluate_orders, run_greedy
 from bubbleless_schedules.placement import loop_placement

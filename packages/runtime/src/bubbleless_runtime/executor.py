@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+
 from bubbleless_schedules import Action, Kind
 
 from .comm import Channel, Transfer, as_tuple, decode_meta, encode_meta, tag_of

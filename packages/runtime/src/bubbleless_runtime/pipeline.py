@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
+
 from bubbleless_schedules import Costs, Schedule, generate, simulate
 from bubbleless_schedules.lowering import add_communication
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from bubbleless_schedules import Action, Kind, Schedule, available, generate, v_placement
 from torch import nn
+
+from bubbleless_schedules import Action, Kind, Schedule, available, generate, v_placement
 
 
 class Embed(nn.Module):

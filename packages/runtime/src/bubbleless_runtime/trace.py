@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+
 from bubbleless_schedules import Action, Kind, Schedule, Span, Timeline, peak_memory
 
 from .comm import wait_collective
