@@ -66,10 +66,18 @@ class Timeline:
 
     @property
     def span_bubble_rate(self) -> float:
-        """Idle share inside each worker's own span (first start to last end), as the zero-bubble papers count."""
-        spans = sum(self.span_of(w) for w in range(self.schedule.num_workers))
-        busy = sum(self.busy(w) for w in range(self.schedule.num_workers))
-        return 0.0 if spans <= 0 else 1.0 - busy / spans
+        """Idle share inside a worker's own span (its first start to its last end), for the worst worker.
+
+        This is the zero-bubble papers' (cost - m(F+B+W)) / cost with cost the longest rank span: with
+        their 1.5B profile and W keeping 40% of the activations (input_grad_frees=0.6), ``zb`` at 2p gives
+        .0446 at m=24 and .0037 at m=32 against their published .0433 and .0039.
+        """
+        rates = [
+            1.0 - self.busy(w) / self.span_of(w)
+            for w in range(self.schedule.num_workers)
+            if self.span_of(w) > 0
+        ]
+        return max(rates, default=0.0)
 
     @property
     def max_peak_memory(self) -> float:

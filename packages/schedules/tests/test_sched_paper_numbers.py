@@ -1,0 +1,34 @@
+"""The zero-bubble paper's published bubble rates (1.5B model, 8 A100s, profiled F/B/W/C in ms),
+reproduced by our generators and simulator with W keeping 40% of a micro-batch's activations."""
+
+import pytest
+
+from bubbleless_schedules import Costs, generate, simulate
+
+PAPER_PROFILE = Costs(18.52, 18.09, 9.34, 0.6)
+FREES = 0.6  # I frees 60%: W keeps about 37-43% of M_B in the paper's memory model
+
+
+@pytest.mark.parametrize(
+    ("name", "limit", "m", "published", "tolerance"),
+    [
+        ("1f1b", None, 24, 0.2431, 0.001),
+        ("zb-h1", None, 24, 0.1585, 0.001),
+        ("zb-h2", None, 24, 0.1083, 0.001),
+        ("zb", 16, 24, 0.0433, 0.002),  # ZB-2p
+        ("zb", 16, 32, 0.0039, 0.001),
+    ],
+)
+def test_published_bubble_rates(name, limit, m, published, tolerance):
+    schedule = generate(
+        name, num_ranks=8, num_microbatches=m, costs=PAPER_PROFILE, memory_limit=limit, input_grad_frees=FREES
+    )
+    timeline = simulate(schedule, PAPER_PROFILE, input_grad_frees=FREES)
+    assert timeline.span_bubble_rate == pytest.approx(published, abs=tolerance)
+
+
+def test_span_bubble_is_the_worst_ranks_idle_share():
+    timeline = simulate(generate("1f1b", num_ranks=4, num_microbatches=8))
+    worst = max(1 - timeline.busy(w) / timeline.span_of(w) for w in range(4))
+    assert timeline.span_bubble_rate == pytest.approx(worst)
+    assert timeline.span_bubble_rate == pytest.approx(3 / 11)  # rank 0 spans the whole 1F1B makespan
