@@ -57,8 +57,15 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def demo(session: nox.Session) -> None:
-    """The main job on its embedded default."""
+    """The main job on its embedded default: `bubbleless train` (small Qwen3, 4 CPU ranks, zbv)."""
     _install(session)
+    session.run("bubbleless", "train", *session.posargs, env=TEST_ENV)
+
+
+@nox.session
+def schedules_demo(session: nox.Session) -> None:
+    """Compare every schedule at p=8, m=24 and draw ZB-V (no torch needed)."""
+    _install(session, ("schedules",))
     out = os.environ.get("BUBBLELESS_OUT", "out")
     session.run("bubbleless-schedules", "compare", "-p", "8", "-m", "24", env=TEST_ENV)
     session.run("bubbleless-schedules", "show", "zbv", "-p", "4", "-m", "8",

@@ -8,12 +8,14 @@ Hugging Face adapters live in ``bubbleless_runtime.models`` and load on demand.
 """
 
 from .comm import PipelineCommError
+from .config import RunConfig, load_config
 from .launch import init_from_env, run, spawn, under_torchrun
 from .pipeline import DEFAULT_TIMEOUT, Pipeline
 from .split_backward import defer_weight_grads, run_weight_grads
+from .trainer import Trainer
 
 __version__ = "0.1.0"
 __all__ = [
-    "DEFAULT_TIMEOUT", "Pipeline", "PipelineCommError", "defer_weight_grads", "init_from_env", "run",
-    "run_weight_grads", "spawn", "under_torchrun",
+    "DEFAULT_TIMEOUT", "Pipeline", "PipelineCommError", "RunConfig", "Trainer", "defer_weight_grads",
+    "init_from_env", "load_config", "run", "run_weight_grads", "spawn", "under_torchrun",
 ]
