@@ -80,3 +80,8 @@ def test_gpipe_over_the_limit_names_the_peak_and_the_way_out():
 def test_bad_costs_and_options(make, message):
     with pytest.raises(ValueError, match=message):
         make()
+
+
+def test_comm_must_be_one_number():
+    with pytest.raises(ValueError, match="comm must be one number"):
+        Costs(1.0, 1.0, 1.0, [0.1, 0.2])

@@ -28,6 +28,18 @@ def _check_field(name: str, value: PerStage) -> None:
             raise ValueError(f"Costs.{name} must be non-negative numbers, got {value!r}")
 
 
+# kind -> (the cost fields it adds up, whether a per-rank number is split over the rank's v stages)
+_FIELDS_OF_KIND: dict[Kind, tuple[tuple[str, ...], bool]] = {
+    Kind.F: (("forward",), True),
+    Kind.I: (("backward_input",), True),
+    Kind.W: (("backward_weight",), True),
+    Kind.B: (("backward_input", "backward_weight"), True),
+    Kind.R: (("recompute",), True),
+    Kind.LOAD: (("load",), False),
+    Kind.STORE: (("store",), False),
+}
+
+
 @dataclass(frozen=True)
 class Costs:
     """Per-micro-batch costs. Units are yours (ms, or 1 for unit costs)."""
@@ -54,6 +66,10 @@ class Costs:
             _check_field(name, getattr(self, name))
         if self.recompute is not None:
             _check_field("recompute", self.recompute)
+        if isinstance(self.comm, Sequence):
+            raise ValueError(
+                f"Costs.comm must be one number (the latency of one transfer between workers), got {self.comm!r}"
+            )
         _check_field("comm", self.comm)
         for name in ("forward", "backward_input", "backward_weight", "recompute", "load", "store"):
             value = getattr(self, name)
@@ -102,32 +118,18 @@ class Costs:
                 f"give one value per stage or single numbers"
             )
 
+    def of(self, kind: Kind, stage: int, stages_per_rank: float = 1.0) -> float:
+        """Cost of one action of ``kind`` on ``stage`` (communication kinds cost nothing to issue)."""
+        fields, scaled = _FIELDS_OF_KIND.get(kind, ((), False))
+        return sum((self._value(name, stage, stages_per_rank if scaled else 1.0) for name in fields), 0.0)
+
     def _value(self, name: str, stage: int, stages_per_rank: float) -> float:
+        if name == "recompute" and self.recompute is None:
+            name = "forward"
         value = getattr(self, name)
         if isinstance(value, tuple):
             return value[stage]
         return float(value) / stages_per_rank
-
-    def of(self, kind: Kind, stage: int, stages_per_rank: float = 1.0) -> float:
-        """Cost of one action of ``kind`` on ``stage`` (communication kinds cost nothing to issue)."""
-        if kind is Kind.F:
-            return self._value("forward", stage, stages_per_rank)
-        if kind is Kind.I:
-            return self._value("backward_input", stage, stages_per_rank)
-        if kind is Kind.W:
-            return self._value("backward_weight", stage, stages_per_rank)
-        if kind is Kind.B:
-            return self._value("backward_input", stage, stages_per_rank) + self._value(
-                "backward_weight", stage, stages_per_rank
-            )
-        if kind is Kind.R:
-            name = "forward" if self.recompute is None else "recompute"
-            return self._value(name, stage, stages_per_rank)
-        if kind is Kind.LOAD:
-            return self._value("load", stage, 1.0)
-        if kind is Kind.STORE:
-            return self._value("store", stage, 1.0)
-        return 0.0
 
     def median(self) -> Costs:
         """The same costs with every per-stage sequence replaced by its median (a homogeneous view)."""

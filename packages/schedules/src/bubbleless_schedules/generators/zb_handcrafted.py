@@ -11,6 +11,8 @@ delayed W's fill the gaps of the cool-down. The rank's peak memory is ``warmup +
 - ZB-H2: warmup 2(p-1-r), lag 2r: peak min(2p-1, m) M_B on the first rank (2p-1 on every rank once
   m >= 2p-1). With unit costs and m >= 2p-1 no rank is ever idle inside its own span (fewer
   micro-batches cannot cover the first rank's wait for its first gradient, 2p-1 forwards long).
+  Below that, the deeper warm-up buys nothing and the longer W lag can make ZB-H2 slower than ZB-H1
+  (p=8, m=7: 32 against 29 at unit costs); ``zb`` and ``auto`` pick the better order for such shapes.
 
 The orders ignore costs (they are handcrafted); ``zb`` is the cost-aware scheduler.
 """
