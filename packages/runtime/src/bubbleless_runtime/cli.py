@@ -182,12 +182,20 @@ def _train(config: RunConfig, *, rank: int) -> RunResult:
     for layer in piped.layers:
         layer.to(device)
     loss = ScaledLoss(piped.loss_fn)
+    d = config.data
+    data = SyntheticTask(
+        task=d.task, num_symbols=d.num_symbols, length=d.length, batch_size=d.batch_size, seed=d.seed
+    )
+    auto = config.pipeline.partition == "auto"
     pipeline = Pipeline(
         piped.layers,
         schedule=config.pipeline.schedule,
         num_microbatches=config.pipeline.num_microbatches,
         loss_fn=loss,
         partition=config.pipeline.partition,
+        # partition: auto profiles on the first step's first micro-batch (rank 0 measures, all ranks cut)
+        sample_input=data.batch(0)[0].chunk(config.pipeline.num_microbatches)[0] if auto else None,
+        memory_cap=config.pipeline.memory_cap,
         device=device,
     )
     optimizer = build_optimizer(pipeline.parameters(), config.optimizer)
@@ -205,10 +213,6 @@ def _train(config: RunConfig, *, rank: int) -> RunResult:
     )  # fmt: skip
     if config.train.resume:
         trainer.load(config.train.resume)
-    d = config.data
-    data = SyntheticTask(
-        task=d.task, num_symbols=d.num_symbols, length=d.length, batch_size=d.batch_size, seed=d.seed
-    )
     out = config.train.output_dir
     losses, tokens, seconds, warm = [], 0, 0.0, False
     bar = _progress(rank, total=steps, initial=trainer.step)
@@ -234,6 +238,10 @@ def _train(config: RunConfig, *, rank: int) -> RunResult:
     result = _finish(rank, pipeline, losses, tokens / max(seconds, 1e-9), out, checkpoint, adapter)
     if rank == 0:
         print(report(result, config))
+    if rank == 0 and pipeline.profile is not None:
+        from .auto_partition import predicted_effect
+
+        print(predicted_effect(pipeline.schedule, pipeline.profile, pipeline.partition))
     return result
 
 

@@ -94,8 +94,16 @@ class PipelineConfig:
     """Pipeline ranks ``bubbleless train`` spawns locally (ignored under torchrun, which sets the world)."""
     num_microbatches: int = 8
     """Micro-batches per step; must divide ``data.batch_size``."""
-    partition: list[int] | None = None
-    """Layers per stage (their sum is ``model.num_layers + 2``); even split when unset."""
+    partition: str | list[int] = "even"
+    """``even`` (equal layer counts), ``auto`` or a list of layers per stage (summing to
+    ``model.num_layers + 2``). ``auto``: rank 0 times every layer on the first step's first micro-batch,
+    and every rank cuts that one profile the same way: V schedules (zbv, ...) balance each rank's two
+    chunks, the others the stages (``bubbleless_partition.cut`` methods ``v`` and ``dp``). The report then
+    shows the simulator's predicted step time and bubble rate with the even cut and the auto cut."""
+    memory_cap: float | None = None
+    """With ``partition: auto``: bytes a stage (a rank, for V schedules) may hold, counted as parameter
+    bytes plus one micro-batch's saved activations; no cut that fits raises an error naming the smallest
+    cap that would."""
     backend: str = "gloo"
     """torch.distributed backend: ``gloo`` on CPU, ``nccl`` on GPUs."""
 
@@ -191,6 +199,7 @@ def validate(config: RunConfig) -> RunConfig:
     for section, name in positive:
         if getattr(getattr(config, section), name) < 1:
             raise ValueError(f"{section}.{name} must be at least 1")
+    _validate_partition(config.pipeline)
     if config.data.batch_size % config.pipeline.num_microbatches:
         raise ValueError(
             f"data.batch_size {config.data.batch_size} is not divisible by pipeline.num_microbatches "
@@ -202,6 +211,17 @@ def validate(config: RunConfig) -> RunConfig:
             f"{config.data.num_symbols}; make it at least {config.data.num_symbols + 3}"
         )
     return config
+
+
+def _validate_partition(pipeline: PipelineConfig) -> None:
+    if isinstance(pipeline.partition, str) and pipeline.partition not in ("even", "auto"):
+        raise ValueError(
+            f"pipeline.partition is {pipeline.partition!r}; use even, auto or a list of layers per stage"
+        )
+    if pipeline.memory_cap is not None and pipeline.partition != "auto":
+        raise ValueError("pipeline.memory_cap applies to pipeline.partition: auto only; set both or drop memory_cap")
+    if pipeline.memory_cap is not None and not pipeline.memory_cap > 0:
+        raise ValueError(f"pipeline.memory_cap must be a positive number of bytes, got {pipeline.memory_cap!r}")
 
 
 def config_from_dict(data: dict | None, cls: type = RunConfig, *, prefix: str = ""):
@@ -234,7 +254,13 @@ def _coerce(value, kind, key: str):
     if typing.get_origin(kind) in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
-        kind = next(a for a in args if a is not type(None))
+        options = [a for a in args if a is not type(None)]
+        for option in options[:-1]:  # the first type that takes the value; the last one's error is reported
+            try:
+                return _coerce(value, option, key)
+            except ValueError:
+                pass
+        kind = options[-1]
         args = typing.get_args(kind)
     origin = typing.get_origin(kind)
     try:

@@ -4,6 +4,9 @@
     loss = pipe.step(inputs, targets)   # the summed loss on the rank holding the last stage, else None
     optimizer.step()                    # .grad of the caller's own parameters is filled
 
+    pipe = Pipeline(model, schedule="zbv", num_microbatches=8, loss_fn=loss_fn,
+                    partition="auto", sample_input=inputs.chunk(8)[0])   # profiled and cut, see auto_partition
+
 Everything the caller can get wrong is checked in the constructor or at the top of ``step``, on every
 rank, before any communication, so a bad argument is a ``ValueError`` everywhere instead of a hang.
 """
@@ -20,6 +23,7 @@ from bubbleless_schedules import Costs, Schedule, generate, simulate
 from bubbleless_schedules.lowering import add_communication
 
 from . import stages as stages_mod
+from .auto_partition import auto_cut, stage_costs
 from .comm import Channel, PipelineCommError, wait_collective
 from .data_parallel import GradientAverager
 from .executor import COMM_KINDS, Executor, StepState
@@ -90,7 +94,15 @@ def _signature(microbatch) -> tuple:
 
 
 class Pipeline:
-    """This rank's share of a pipelined model, and the interpreter that runs a schedule over it."""
+    """This rank's share of a pipelined model, and the interpreter that runs a schedule over it.
+
+    ``partition``: ``None`` or ``"even"`` (equal layer counts), a list of layer counts per stage, an object
+    with ``.sizes`` (a ``bubbleless_partition.Partition``), or ``"auto"``: rank 0 profiles the layers on
+    ``sample_input`` (one micro-batch of inputs) in this constructor and every rank cuts that profile the
+    same way, for the schedule's placement, under ``memory_cap`` bytes per stage (per rank for a V) when
+    given (``auto_partition`` says why). ``partition`` keeps the sizes used; ``profile`` and
+    ``stage_costs`` (per-stage simulator ``Costs``, ms) are set with ``"auto"``, else None.
+    """
 
     def __init__(
         self,
@@ -100,6 +112,8 @@ class Pipeline:
         num_microbatches: int,
         loss_fn: Callable | None,
         partition=None,
+        sample_input=None,
+        memory_cap: float | None = None,
         group=None,
         device=None,
         data_parallel_group=None,
@@ -121,7 +135,18 @@ class Pipeline:
             costs=costs, options=dict(schedule_options or {}),
         )
         layers = stages_mod.layers_of(model)
+        self.profile = self.stage_costs = None
+        if isinstance(partition, str) and partition == "auto":
+            partition, self.profile = auto_cut(
+                layers, self.schedule, sample_input, memory_cap=memory_cap, rank=self.rank,
+                num_ranks=self.num_ranks, group=group, data_parallel_group=data_parallel_group, timeout=timeout,
+            )
+            self.stage_costs = stage_costs(self.profile, partition.sizes)
+        elif memory_cap is not None:
+            raise ValueError(f"memory_cap applies to partition='auto' only (partition is {partition!r}); "
+                             "drop memory_cap or pass partition='auto'")
         self.stage_sizes = stages_mod.stage_sizes(len(layers), self.schedule.num_stages, partition)
+        self.partition = self.stage_sizes
         self.stages = self.schedule.stages_of(self.rank)
         stage_modules = stages_mod.cut(layers, self.stage_sizes, self.stages)
         if device is not None:
@@ -160,8 +185,9 @@ class Pipeline:
                     yield p
 
     def predicted_timeline(self, costs: Costs | None = None):
-        """The simulator's timeline for this schedule under ``costs`` (default: the constructor's, or unit)."""
-        return simulate(self.schedule, costs or self.costs)
+        """The simulator's timeline for this schedule under ``costs`` (default: the constructor's, else the
+        auto partition's profiled ``stage_costs``, else unit)."""
+        return simulate(self.schedule, costs or self.costs or self.stage_costs)
 
     def step(self, inputs, targets):
         """Run the schedule over one batch; returns the summed loss on the loss-holding rank, else None."""

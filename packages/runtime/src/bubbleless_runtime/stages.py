@@ -31,8 +31,14 @@ def layers_of(model) -> list[nn.Module]:
 
 
 def stage_sizes(num_layers: int, num_stages: int, partition=None) -> list[int]:
-    """Layer counts per stage: even by default, else ``partition`` (a list, or an object with ``.sizes``)."""
-    if partition is None:
+    """Layer counts per stage: even by default (``None`` or ``"even"``), else ``partition`` (a list, or an
+    object with ``.sizes``). ``"auto"`` is resolved to sizes by the ``Pipeline`` before this is called."""
+    if isinstance(partition, str) and partition != "even":
+        raise ValueError(
+            f"partition {partition!r} is not a cut; pass 'even', 'auto', a list of layer counts per stage "
+            "or a bubbleless_partition.Partition"
+        )
+    if partition is None or partition == "even":
         if num_layers < num_stages:
             raise ValueError(
                 f"the model has {num_layers} layers but the schedule has {num_stages} stages; "
