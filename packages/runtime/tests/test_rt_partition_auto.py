@@ -136,3 +136,32 @@ def test_rt_config_takes_partition_auto_and_a_memory_cap():
         cfg.load_config(text="pipeline: {memory_cap: 1000}\n")
     with pytest.raises(ValueError, match="'pipeline.partition' expects"):
         cfg.load_config(text="pipeline: {partition: 3}\n")
+
+
+@pytest.mark.slow
+def test_rt_cli_partition_auto_reports_the_predicted_effect(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        "model: {vocab_size: 16, hidden_size: 32, intermediate_size: 64, num_layers: 4, num_heads: 4,\n"
+        "        num_kv_heads: 2, head_dim: 8}\n"
+        "data: {task: copy, num_symbols: 8, length: 4, batch_size: 8}\n"
+        "pipeline: {schedule: 1f1b, nproc: 2, num_microbatches: 4, partition: auto}\n"
+        "train: {steps: 2}\n"
+    )
+    args = ["train", str(config), "--output-dir", str(tmp_path / "out")]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", f"from bubbleless_runtime.cli import main; raise SystemExit(main({args!r}))"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "partition     auto (dp)" in done.stdout
+    even = next(line for line in done.stdout.splitlines() if "even cut" in line)
+    auto = next(line for line in done.stdout.splitlines() if "auto cut" in line)
+    assert "[3, 3]:" in even and "predicted step" in auto and "bubble" in auto
+    sizes = [int(n) for n in re.search(r"\[([\d, ]+)\]", auto).group(1).split(",")]
+    assert sum(sizes) == 6 and len(sizes) == 2
