@@ -165,3 +165,13 @@ def test_rt_cli_partition_auto_reports_the_predicted_effect(tmp_path):
     assert "[3, 3]:" in even and "predicted step" in auto and "bubble" in auto
     sizes = [int(n) for n in re.search(r"\[([\d, ]+)\]", auto).group(1).split(",")]
     assert sum(sizes) == 6 and len(sizes) == 2
+
+
+def test_rt_data_parallel_replicas_take_replica_0s_profile():
+    from bubbleless_runtime.testing_auto_partition import auto_with_data_parallel
+
+    per_rank = spawn(auto_with_data_parallel, 4, threads_per_process=1, timeout=180)
+    for rank, result in enumerate(per_rank):
+        assert result["sizes"] == [1, 3], (rank, result)
+        assert result["stage_forward"] == per_rank[0]["stage_forward"], (rank, result)
+        assert result["grad_error"] <= TOLERANCE, (rank, result)

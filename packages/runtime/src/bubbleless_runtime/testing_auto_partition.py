@@ -65,3 +65,28 @@ def auto_against_unpipelined(rank: int, cases: list[tuple[str, int, int]], num_m
             "loss_error": None if loss is None else abs(float(loss) - float(ref_loss)) / abs(float(ref_loss)),
         }
     return results
+
+
+def auto_with_data_parallel(rank: int, num_microbatches: int = 4) -> dict:
+    """4 ranks: pipelines {0,1} and {2,3}, replicas {0,2} and {1,3}, each replica on its own data. Both
+    pipelines must take replica 0's profile (same cut, same costs) and average the right gradients."""
+    from .pipeline import Pipeline
+
+    torch.set_num_threads(1)
+    pipelines = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    replicas = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+    replica, stage_rank = divmod(rank, 2)
+    schedule = generate("1f1b", num_ranks=2, num_microbatches=num_microbatches)
+    batches = [heavy_batch(8 * num_microbatches, seed=10 + r) for r in range(2)]
+    per_replica = [reference_grads(heavy_model(4, 0), x, y, num_microbatches, loss_fn=sum_mse)[1] for x, y in batches]
+    model = heavy_model(4, 0)
+    inputs, targets = batches[replica]
+    pipe = Pipeline(model, schedule=schedule, num_microbatches=num_microbatches, loss_fn=sum_mse,
+                    partition="auto", sample_input=inputs.chunk(num_microbatches)[0], group=pipelines[replica],
+                    data_parallel_group=replicas[stage_rank], timeout=60)
+    model.zero_grad(set_to_none=True)
+    pipe.step(inputs, targets)
+    owned = {id(p) for p in pipe.parameters()}
+    worst = max(relative_error(p.grad, (per_replica[0][n] + per_replica[1][n]) / 2)
+                for n, p in model.named_parameters() if id(p) in owned)
+    return {"sizes": list(pipe.partition), "stage_forward": list(pipe.stage_costs.forward), "grad_error": worst}
