@@ -175,3 +175,21 @@ def test_rt_data_parallel_replicas_take_replica_0s_profile():
         assert result["sizes"] == [1, 3], (rank, result)
         assert result["stage_forward"] == per_rank[0]["stage_forward"], (rank, result)
         assert result["grad_error"] <= TOLERANCE, (rank, result)
+
+
+def test_rt_layers_that_pass_tuples_are_profiled_and_train_the_same():
+    from bubbleless_runtime.testing import reference_grads, relative_error, tiny_batch, tiny_loss, tiny_model
+
+    schedule = _stages_on_one_rank(2)
+    inputs, targets = tiny_batch(4)
+    model = tiny_model(5)  # passes (hidden, aux, index) between layers
+    pipe = Pipeline(model, schedule=schedule, num_microbatches=2, loss_fn=tiny_loss, partition="auto",
+                    sample_input=inputs.chunk(2)[0])
+    assert sum(pipe.partition) == 5 and pipe.profile.num_layers == 5
+    assert all(layer.forward > 0 and layer.weight_grad > 0 for layer in pipe.profile.layers)
+    assert pipe.profile.layers[1].output_bytes_per_token == 8 * 4  # the hidden tensor: 8 float32 per sample
+    ref_loss, ref_grads = reference_grads(tiny_model(5), inputs, targets, 2)
+    loss = pipe.step(inputs, targets)
+    assert relative_error(loss, ref_loss) <= TOLERANCE
+    for name, p in model.named_parameters():
+        assert relative_error(p.grad, ref_grads[name]) <= TOLERANCE, name
