@@ -263,28 +263,11 @@ def _save_adapter(config: RunConfig, model, pipeline) -> str | None:
 
 
 def measured_costs(timeline):
-    """Per-stage mean F, I, W durations of a measured timeline, as simulator ``Costs`` (seconds).
+    """Simulator ``Costs`` (seconds) calibrated from a measured timeline: per-stage mean F, I, W
+    durations and the measured transfer latency as ``comm`` (see ``trace.calibrated_costs``)."""
+    from .trace import calibrated_costs
 
-    A fused B is split evenly between I and W, which leaves the simulated B cost unchanged.
-    """
-    from bubbleless_schedules import Costs, Kind
-
-    stages = timeline.schedule.num_stages
-    durations: dict[tuple[str, int], list[float]] = {}
-    shares = {
-        Kind.F: (("F", 1.0),),
-        Kind.I: (("I", 1.0),),
-        Kind.W: (("W", 1.0),),
-        Kind.B: (("I", 0.5), ("W", 0.5)),
-    }
-    for span in timeline.spans:
-        for name, share in shares.get(span.action.kind, ()):
-            durations.setdefault((name, span.action.stage), []).append((span.end - span.start) * share)
-
-    def per_stage(name: str) -> tuple[float, ...]:
-        return tuple(mean(durations.get((name, s), [0.0])) for s in range(stages))
-
-    return Costs(per_stage("F"), per_stage("I"), per_stage("W"))
+    return calibrated_costs(timeline)
 
 
 def _finish(rank, pipeline, losses, tokens_per_second, out, checkpoint, adapter) -> RunResult:
@@ -328,7 +311,8 @@ def report(result: RunResult, config: RunConfig) -> str:
         f"loss          {first:.3f} -> {last:.3f}  (mean of the first / last {window} steps)",
         f"throughput    {result.tokens_per_second:,.0f} tokens/s",
         f"bubble rate   measured {result.measured_bubble_rate:.1%}  |  simulator {result.predicted_bubble_rate:.1%} "
-        "(last step; simulator fed the measured per-stage F/I/W times, no communication cost)",
+        "(last step; simulator fed that step's per-stage F/I/W times and transfer latency; it assumes a core "
+        "per rank, so expect a gap when ranks outnumber free cores)",
     ]
     if result.timeline_png:
         lines.append(f"timeline PNG  {result.timeline_png}")

@@ -4,14 +4,24 @@ Each rank records (action, start, end) of its compute actions with the wall cloc
 spans from several machines line up as well as their clocks do). One fixed-size all-gather per step
 brings them together: each rank's action count is known from the schedule, so no sizes are exchanged.
 Times are made relative to the earliest start, in seconds.
+
+A span holds all the work of its action, posting transfers and bookkeeping included, and leaves out
+only the time its rank was blocked waiting for a peer (``Executor.run``). So the gaps of a measured
+timeline are exactly the waits the simulator models, and ``calibrated_costs`` turns one measured step
+into simulator ``Costs``: the mean duration of each kind of action per stage (the sum of busy time is
+kept) and, as ``comm``, the median delay from a producer's end to the start of a consumer on another
+rank that had to wait for it (what the simulator adds to every cross-rank dependency).
 """
 
 from __future__ import annotations
 
+from statistics import mean, median
+
 import torch
 import torch.distributed as dist
 
-from bubbleless_schedules import Action, Kind, Schedule, Span, Timeline, peak_memory
+from bubbleless_schedules import Action, Costs, Kind, Schedule, Span, Timeline, peak_memory
+from bubbleless_schedules.layouts import layout_of
 
 from .comm import wait_collective
 
@@ -47,3 +57,54 @@ def measured_timeline(schedule: Schedule, spans, *, distributed: bool, group, ra
     origin = min((s.start for s in all_spans), default=0.0)
     shifted = tuple(Span(s.worker, s.action, s.start - origin, s.end - origin) for s in all_spans)
     return Timeline(schedule, shifted, peak_memory(schedule))
+
+
+def transfer_latencies(timeline: Timeline) -> list[float]:
+    """Seconds from the end of a compute on one rank to the start of its consumer on another rank, for
+    every consumer that had to wait for it (it starts later than its rank's previous action ended).
+
+    A consumer that did not wait says nothing about the transfer (the data was there before it was
+    needed), and a rank's first action is left out because the time it joined the step is unknown.
+    """
+    schedule = timeline.schedule
+    layout = layout_of(schedule)
+    made_by = {event: span for span in timeline.spans for event in layout.produces(span.action, schedule)}
+    latencies = []
+    for row in timeline.per_worker:
+        for previous, span in zip(row, row[1:], strict=False):
+            if span.start <= previous.end:
+                continue
+            for event in layout.requires(span.action, schedule):
+                producer = made_by.get(event)
+                if producer is not None and producer.worker != span.worker:
+                    latencies.append(span.start - producer.end)
+    return latencies
+
+
+_COST_SHARES = {  # kind -> (Costs field, share of the span); a fused B counts half as I, half as W
+    Kind.F: (("forward", 1.0),),
+    Kind.I: (("backward_input", 1.0),),
+    Kind.W: (("backward_weight", 1.0),),
+    Kind.B: (("backward_input", 0.5), ("backward_weight", 0.5)),
+}
+
+
+def calibrated_costs(timeline: Timeline) -> Costs:
+    """Simulator ``Costs`` (seconds) from a measured timeline: per-stage mean F, I and W durations and
+    the median transfer latency as ``comm`` (0 when no consumer waited).
+
+    Means, not medians, so the simulated busy time equals the measured one and the two bubble rates
+    differ only by where the time goes. A fused B is split evenly between I and W, which leaves the
+    simulated B cost (I + W) unchanged.
+    """
+    durations: dict[tuple[str, int], list[float]] = {}
+    for span in timeline.spans:
+        for name, share in _COST_SHARES.get(span.action.kind, ()):
+            durations.setdefault((name, span.action.stage), []).append((span.end - span.start) * share)
+
+    def per_stage(name: str) -> tuple[float, ...]:
+        return tuple(mean(durations.get((name, s), [0.0])) for s in range(timeline.schedule.num_stages))
+
+    latencies = transfer_latencies(timeline)
+    comm = max(0.0, median(latencies)) if latencies else 0.0
+    return Costs(per_stage("forward"), per_stage("backward_input"), per_stage("backward_weight"), comm)
