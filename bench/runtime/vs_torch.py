@@ -7,7 +7,8 @@ shared machine hits both alike. Schedules: 1F1B (4 stages), interleaved 1F1B (8 
 (8 stages in a V; torch's ScheduleZBVZeroBubble). The model is 8 pre-norm MLP blocks; torch gets
 ``scale_grads=False`` so both compute gradients of the summed loss. The measured bubble rate comes from
 our own trace (``Pipeline.last_timeline``); the simulator's from ``predicted_timeline`` under the costs
-measured in that trace (median F, I, W per action, scaled to a rank's share). Writes a markdown record.
+calibrated from that trace (``trace.calibrated_costs``); ``bubble_fidelity.py`` is the benchmark for those.
+Writes its section of a markdown record (``record.write_section``).
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ import time
 
 import torch
 import torch.distributed as dist
+from record import write_section
 from torch import nn
 
 from bubbleless_runtime import Pipeline, spawn
-from bubbleless_schedules import Costs, Kind
+from bubbleless_runtime.trace import calibrated_costs
 
 CASES = [  # (label, our schedule name, torch schedule class name, stage placement)
     ("1F1B", "1f1b", "Schedule1F1B", "loop1"),
@@ -88,17 +90,6 @@ def torch_schedule(rank: int, p: int, placement: str, torch_class: str, width: i
     return step
 
 
-def measured_costs(timeline, stages_per_rank: float) -> Costs:
-    by_kind: dict = {}
-    for span in timeline.spans:
-        by_kind.setdefault(span.action.kind, []).append(span.end - span.start)
-    med = {k: statistics.median(v) * stages_per_rank for k, v in by_kind.items()}
-    forward = med[Kind.F]
-    if Kind.I in med:
-        return Costs(forward, med[Kind.I], med.get(Kind.W, 0.0))
-    return Costs(forward, med[Kind.B], 0.0)
-
-
 def worker(rank: int, steps: int, width: int, microbatch: int) -> list[dict]:
     torch.set_num_threads(1)
     p = dist.get_world_size()
@@ -129,7 +120,7 @@ def worker(rank: int, steps: int, width: int, microbatch: int) -> list[dict]:
         pipe.trace = True
         pipe.step(x, y)
         timeline = pipe.last_timeline
-        costs = measured_costs(timeline, pipe.schedule.stages_per_rank)
+        costs = calibrated_costs(timeline)
         predicted = pipe.predicted_timeline(costs)
         rows.append({
             "label": label, "ours": statistics.median(ours_t), "torch": statistics.median(theirs_t),
@@ -179,15 +170,14 @@ def main() -> None:
     lines += [
         "",
         "Bubble rates: idle share of the whole makespan over all ranks (and inside each rank's own span), from our",
-        "trace of one more step; the simulator's use the median F, I, W (or B) durations of that same trace, with",
-        "communication cost 0, so the difference is what the simulator does not model (transfers, Python overhead,",
-        "load from other processes on this shared machine). With more ranks than free cores, a rank waits for a CPU\nas well as for its peers, which the simulator cannot know: the bubble comparison is only meaningful with a core per rank.",
+        "trace of one more step; the simulator's use the per-stage mean F, I, W durations and the transfer latency",
+        "of that same trace (`trace.calibrated_costs`). With more ranks than free cores, a rank waits for a CPU as",
+        "well as for its peers, which the simulator cannot know: see the bubble fidelity section for that comparison.",
         "",
     ]
     text = "\n".join(lines)
     print(text)
-    with open(args.out, "w") as f:
-        f.write(text)
+    write_section(args.out, "vs-torch", text)
 
 
 if __name__ == "__main__":
