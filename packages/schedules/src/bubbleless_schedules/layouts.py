@@ -129,21 +129,97 @@ class PipelineLayout:
     def cost(self, action: Action, schedule, costs: Costs) -> float:
         return costs.of(action.kind, action.stage, schedule.stages_per_rank)
 
+    def rule_rows(self, schedule, costs: Costs) -> tuple[list, list, list]:
+        """``requires``, ``produces`` and ``cost`` of every action, row by row, for the simulator's inner
+        loop: the unlowered F, I, B and W rules are spelled out here (the very tuples the methods return)
+        and each kind and stage asks ``Costs.of`` once, instead of three method calls per action; any
+        other action asks the methods. Equal to the per-action methods (tests/test_sched_speed.py)."""
+        lowered, last = is_lowered(schedule), schedule.num_stages - 1
+        requires, produces = [], []
+        for row in schedule.actions:
+            needs, makes = [], []
+            for a in row:
+                s, m, kind = a.stage, a.microbatch, a.kind
+                if lowered or kind not in _PLAIN_KINDS:
+                    needs.append(self.requires(a, schedule))
+                    makes.append(self.produces(a, schedule))
+                elif kind is Kind.F:
+                    needs.append((("F", s - 1, m),) if s else ())
+                    makes.append((("F", s, m),))
+                elif kind is Kind.W:
+                    needs.append((("G", s, m),))
+                    makes.append((("W", s, m),))
+                else:
+                    needs.append((("F", s, m),) if s == last else (("F", s, m), ("G", s + 1, m)))
+                    makes.append((("G", s, m),) if kind is Kind.I else (("G", s, m), ("W", s, m)))
+            requires.append(needs)
+            produces.append(makes)
+        per_kind_stage: dict[tuple[Kind, int], float] = {}
+        durations = []
+        for row in schedule.actions:
+            takes = []
+            for a in row:
+                key = (a.kind, a.stage)
+                cost = per_kind_stage.get(key)
+                if cost is None:
+                    cost = per_kind_stage[key] = self.cost(a, schedule, costs)
+                takes.append(cost)
+            durations.append(takes)
+        return requires, produces, durations
+
+    def memory_rows(self, schedule, input_grad_frees: float) -> list[list[float]]:
+        """``memory_delta`` of every action, row by row, from one table per schedule."""
+        share = 1.0 / schedule.stages_per_rank
+        g = input_grad_frees
+        table = {Kind.F: share, Kind.I: -g * share, Kind.W: -(1.0 - g) * share, Kind.B: -share}
+        return [[table.get(a.kind, 0.0) for a in row] for row in schedule.actions]
+
     def missing(self, schedule) -> list[str]:
         """Every (stage, mb) needs one F and either one B or one I and one W (and, when lowered, one
         SEND and one RECV for every edge between two ranks)."""
-        counts = Counter(a for _, _, a in schedule.all_actions() if a.kind not in COMM_KINDS)
         problems = _missing_comm(schedule) if is_lowered(schedule) else []
-        for s in range(schedule.num_stages):
-            for m in range(schedule.num_microbatches):
-                if counts[Action(s, Kind.F, m)] != 1:
-                    problems.append(f"stage {s} micro-batch {m} has {counts[Action(s, Kind.F, m)]} forwards, needs 1")
-                b, i, w = (counts[Action(s, k, m)] for k in (Kind.B, Kind.I, Kind.W))
-                if not ((b == 1 and i == 0 and w == 0) or (b == 0 and i == 1 and w == 1)):
-                    problems.append(
-                        f"stage {s} micro-batch {m} has {b} B, {i} I, {w} W; needs one B, or one I and one W"
-                    )
+        if not _computes_complete(schedule):
+            problems += _missing_computes(schedule)
         return problems
+
+
+_PLAIN_KINDS = frozenset({Kind.F, Kind.I, Kind.W, Kind.B})
+
+
+def _computes_complete(schedule) -> bool:
+    """True when ``_missing_computes`` would find nothing: F, I, W and B counted per (stage, mb) into
+    flat lists and compared whole, a fast check for the usual case of a complete schedule."""
+    stages, mbs = schedule.num_stages, schedule.num_microbatches
+    size = stages * mbs
+    counts = {kind: [0] * size for kind in _PLAIN_KINDS}
+    for row in schedule.actions:
+        for a in row:
+            column = counts.get(a.kind)
+            if column is not None and a.stage < stages and a.microbatch < mbs:
+                column[a.stage * mbs + a.microbatch] += 1
+    ones, zeros = [1] * size, [0] * size
+    b, i, w = counts[Kind.B], counts[Kind.I], counts[Kind.W]
+    if counts[Kind.F] != ones:
+        return False
+    if (b == ones and i == zeros and w == zeros) or (b == zeros and i == ones and w == ones):
+        return True
+    return all(biw in ((1, 0, 0), (0, 1, 1)) for biw in zip(b, i, w, strict=True))
+
+
+def _missing_computes(schedule) -> list[str]:
+    """What each (stage, mb) lacks or has twice among F, I, W and B, in stage and micro-batch order."""
+    counts = Counter(a for _, _, a in schedule.all_actions() if a.kind not in COMM_KINDS)
+    problems = []
+    for s in range(schedule.num_stages):
+        for m in range(schedule.num_microbatches):
+            if counts[Action(s, Kind.F, m)] != 1:
+                problems.append(f"stage {s} micro-batch {m} has {counts[Action(s, Kind.F, m)]} forwards, needs 1")
+            b, i, w = (counts[Action(s, k, m)] for k in (Kind.B, Kind.I, Kind.W))
+            if not ((b == 1 and i == 0 and w == 0) or (b == 0 and i == 1 and w == 1)):
+                problems.append(
+                    f"stage {s} micro-batch {m} has {b} B, {i} I, {w} W; needs one B, or one I and one W"
+                )
+    return problems
 
 
 def is_lowered(schedule) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 from .action import Action
 from .costs import Costs
@@ -97,13 +98,32 @@ def peak_memory(schedule: Schedule, input_grad_frees: float = 0.0) -> tuple[floa
     """Per worker, the highest activation memory (in M_B) its action order ever holds."""
     layout = layout_of(schedule)
     peaks = []
-    for actions in schedule.actions:
-        held = peak = 0.0
-        for action in actions:
-            held += layout.memory_delta(action, schedule, input_grad_frees)
-            peak = max(peak, held)
-        peaks.append(round(peak, 9))
+    for row in _memory_rows(layout, schedule, input_grad_frees):
+        # held after each action, summed left to right from 0 as a plain loop would; 0 counts as a peak
+        peaks.append(round(max(accumulate(row, initial=0.0)), 9))
     return tuple(peaks)
+
+
+def _memory_rows(layout, schedule: Schedule, input_grad_frees: float) -> list[list[float]]:
+    """Each action's memory delta, row by row: the layout's whole-schedule answer where it has one
+    (``memory_rows``, one lookup per action instead of a method call), else ``memory_delta`` per action."""
+    rows = getattr(layout, "memory_rows", None)
+    if rows is not None:
+        return rows(schedule, input_grad_frees)
+    return [[layout.memory_delta(a, schedule, input_grad_frees) for a in row] for row in schedule.actions]
+
+
+def action_rules(layout, schedule: Schedule, costs: Costs) -> tuple[list, list, list]:
+    """(requires, produces, durations): one entry per action, row by row, as the layout's per-action
+    methods answer. A layout may answer for the whole schedule at once (``rule_rows``), which saves the
+    method calls that dominate simulating a large schedule; ``simulate`` and ``validate`` ask here."""
+    rows = getattr(layout, "rule_rows", None)
+    if rows is not None:
+        return rows(schedule, costs)
+    workers = schedule.actions
+    requires = [[layout.requires(a, schedule) for a in row] for row in workers]
+    durations = [[layout.cost(a, schedule, costs) for a in row] for row in workers]
+    return requires, [[layout.produces(a, schedule) for a in row] for row in workers], durations
 
 
 def simulate(schedule: Schedule, costs: Costs | None = None, *, input_grad_frees: float = 0.0) -> Timeline:
@@ -114,47 +134,58 @@ def simulate(schedule: Schedule, costs: Costs | None = None, *, input_grad_frees
     if not 0.0 <= input_grad_frees <= 1.0:
         raise ValueError(f"input_grad_frees must be within [0, 1], got {input_grad_frees}")
     costs = costs or Costs.unit()
+    runs = run_order(schedule, costs)
+    workers = schedule.actions
+    spans = tuple([Span(w, workers[w][i], start, end) for w, i, start, end in runs])
+    return Timeline(schedule, spans, peak_memory(schedule, input_grad_frees), costs)
+
+
+def run_order(schedule: Schedule, costs: Costs) -> list[tuple[int, int, float, float]]:
+    """The event loop behind ``simulate``: (worker, position, start, end) of every action, in the order
+    the loop runs them. Raises ``ValueError`` on a deadlock or an event produced twice. ``validate`` calls
+    this alone, since it needs neither spans nor memory."""
     if schedule.layout == "pipeline":
         costs.check_stages(schedule.num_stages)
     layout = layout_of(schedule)
     workers = schedule.actions
-    requires = [[layout.requires(a, schedule) for a in row] for row in workers]
-    durations = [[layout.cost(a, schedule, costs) for a in row] for row in workers]
+    requires, produces, durations = action_rules(layout, schedule, costs)
+    comm = costs.comm
 
     happened: dict[tuple, tuple[float, int]] = {}  # event -> (time, worker that produced it)
     waiting: dict[tuple, list[int]] = defaultdict(list)  # event -> workers blocked on it
     position = [0] * len(workers)
     free_at = [0.0] * len(workers)
-    spans: list[Span] = []
+    runs: list[tuple[int, int, float, float]] = []
     ready = list(range(len(workers)))
 
     while ready:
         worker = ready.pop()
-        row = workers[worker]
-        while position[worker] < len(row):
-            i = position[worker]
-            start = free_at[worker]
+        needs, makes, takes = requires[worker], produces[worker], durations[worker]
+        i, free, length = position[worker], free_at[worker], len(needs)
+        while i < length:
+            start = free
             blocked_on = None
-            for event in requires[worker][i]:
+            for event in needs[i]:
                 seen = happened.get(event)
                 if seen is None:
                     blocked_on = event
                     break
                 time, source = seen
-                start = max(start, time + (costs.comm if source != worker else 0.0))
+                start = max(start, time + (comm if source != worker else 0.0))
             if blocked_on is not None:
                 waiting[blocked_on].append(worker)
                 break
-            action = row[i]
-            end = start + durations[worker][i]
-            spans.append(Span(worker, action, start, end))
-            free_at[worker] = end
-            position[worker] += 1
-            for event in layout.produces(action, schedule):
+            free = start + takes[i]
+            runs.append((worker, i, start, free))
+            for event in makes[i]:
                 if event in happened:
-                    raise ValueError(_render_error(schedule, [(worker, i)], f"{action} produces {event} a second time"))
-                happened[event] = (end, worker)
-                ready.extend(waiting.pop(event, ()))
+                    message = f"{workers[worker][i]} produces {event} a second time"
+                    raise ValueError(_render_error(schedule, [(worker, i)], message))
+                happened[event] = (free, worker)
+                if waiting:
+                    ready.extend(waiting.pop(event, ()))
+            i += 1
+        position[worker], free_at[worker] = i, free
 
     stuck = [(w, position[w]) for w in range(len(workers)) if position[w] < len(workers[w])]
     if stuck:
@@ -162,7 +193,7 @@ def simulate(schedule: Schedule, costs: Costs | None = None, *, input_grad_frees
             f"worker {w} waits at {workers[w][i]} for {_first_missing(requires[w][i], happened)}" for w, i in stuck
         )
         raise ValueError(_render_error(schedule, stuck, f"deadlock: {detail}"))
-    return Timeline(schedule, tuple(spans), peak_memory(schedule, input_grad_frees), costs)
+    return runs
 
 
 def _first_missing(events, happened) -> str:

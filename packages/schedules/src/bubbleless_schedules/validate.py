@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from .action import STAGE_KINDS
+from .costs import Costs
 from .layouts import layout_of
 from .schedule import Schedule
-from .simulate import _render_error, simulate
+from .simulate import _render_error, run_order
 
 
 def validate(schedule: Schedule) -> Schedule:
@@ -32,22 +33,40 @@ def validate(schedule: Schedule) -> Schedule:
         bad = [r for r in placement if not 0 <= r < schedule.num_workers]
         if bad:
             raise ValueError(f"placement names ranks {bad} outside 0..{schedule.num_workers - 1}")
-    for worker, position, action in schedule.all_actions():
-        problem = None
-        if action.stage >= schedule.num_stages:
-            problem = f"{action}: stage {action.stage} is out of range (the schedule has {schedule.num_stages} stages)"
-        elif action.kind not in STAGE_KINDS and action.microbatch >= schedule.num_microbatches:
-            problem = (
-                f"{action}: micro-batch {action.microbatch} is out of range "
-                f"(the schedule has {schedule.num_microbatches} micro-batches)"
-            )
-        elif placement is not None and placement[action.stage] != worker:
-            problem = f"{action} runs on rank {worker} but stage {action.stage} is placed on rank {placement[action.stage]}"
-        if problem:
-            raise ValueError(_render_error(schedule, [(worker, position)], problem))
+    for worker, row in enumerate(schedule.actions):
+        if not _row_in_range(schedule, worker, row):
+            for position, action in enumerate(row):
+                problem = _action_problem(schedule, worker, action)
+                if problem:
+                    raise ValueError(_render_error(schedule, [(worker, position)], problem))
     problems = layout_of(schedule).missing(schedule)
     if problems:
         shown = "\n  ".join(problems[:10]) + (f"\n  ... and {len(problems) - 10} more" if len(problems) > 10 else "")
         raise ValueError(_render_error(schedule, [], f"incomplete schedule:\n  {shown}"))
-    simulate(schedule)
+    run_order(schedule, Costs.unit())  # raises on deadlock; the timeline itself is not needed here
     return schedule
+
+
+def _row_in_range(schedule: Schedule, worker: int, row) -> bool:
+    """True when ``_action_problem`` finds nothing in ``row`` (one pass, for the usual valid case)."""
+    mbs, placement = schedule.num_microbatches, schedule.stage_to_rank
+    if placement is None:
+        stages = range(schedule.num_stages)
+    else:
+        stages = {s for s, rank in enumerate(placement) if rank == worker}
+    return all(a.stage in stages and (a.kind in STAGE_KINDS or a.microbatch < mbs) for a in row)
+
+
+def _action_problem(schedule: Schedule, worker: int, action) -> str | None:
+    """Why ``action`` cannot run on ``worker``: a stage or micro-batch out of range, or the wrong rank."""
+    placement = schedule.stage_to_rank
+    if action.stage >= schedule.num_stages:
+        return f"{action}: stage {action.stage} is out of range (the schedule has {schedule.num_stages} stages)"
+    if action.kind not in STAGE_KINDS and action.microbatch >= schedule.num_microbatches:
+        return (
+            f"{action}: micro-batch {action.microbatch} is out of range "
+            f"(the schedule has {schedule.num_microbatches} micro-batches)"
+        )
+    if placement is not None and placement[action.stage] != worker:
+        return f"{action} runs on rank {worker} but stage {action.stage} is placed on rank {placement[action.stage]}"
+    return None
