@@ -61,7 +61,14 @@ class _DeferredLinear(torch.autograd.Function):
         def weight_grad(g=grad_out, x=x) -> None:
             g2 = g.reshape(-1, g.shape[-1])
             if weight.requires_grad:
-                _accumulate(weight, g2.t().matmul(x.reshape(-1, x.shape[-1]).to(g2.dtype)))
+                x2 = x.reshape(-1, x.shape[-1]).to(g2.dtype)
+                grad = weight.grad
+                if grad is not None and grad.dtype == g2.dtype and grad.is_contiguous():
+                    # Accumulate in place: a fresh weight-sized temporary per W makes W times uneven
+                    # (new pages each time), which the simulator then cannot predict.
+                    grad.addmm_(g2.t(), x2)
+                else:
+                    _accumulate(weight, g2.t().matmul(x2))
             if bias is not None and bias.requires_grad:
                 _accumulate(bias, g2.sum(0))
 
