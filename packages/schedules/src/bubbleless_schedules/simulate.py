@@ -158,6 +158,7 @@ def run_order(schedule: Schedule, costs: Costs) -> list[tuple[int, int, float, f
     runs: list[tuple[int, int, float, float]] = []
     ready = list(range(len(workers)))
 
+    seen_at, record = happened.get, runs.append
     while ready:
         worker = ready.pop()
         needs, makes, takes = requires[worker], produces[worker], durations[worker]
@@ -166,17 +167,18 @@ def run_order(schedule: Schedule, costs: Costs) -> list[tuple[int, int, float, f
             start = free
             blocked_on = None
             for event in needs[i]:
-                seen = happened.get(event)
+                seen = seen_at(event)
                 if seen is None:
                     blocked_on = event
                     break
-                time, source = seen
-                start = max(start, time + (comm if source != worker else 0.0))
+                arrival = seen[0] + (comm if seen[1] != worker else 0.0)
+                if arrival > start:  # start = max(start, arrival), without the call
+                    start = arrival
             if blocked_on is not None:
                 waiting[blocked_on].append(worker)
                 break
             free = start + takes[i]
-            runs.append((worker, i, start, free))
+            record((worker, i, start, free))
             for event in makes[i]:
                 if event in happened:
                     message = f"{workers[worker][i]} produces {event} a second time"

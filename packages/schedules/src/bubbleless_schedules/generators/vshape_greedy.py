@@ -61,11 +61,9 @@ def _stage_rank(stage: int, p: int) -> int:
     return stage if stage < p else 2 * p - 1 - stage
 
 
-def _choose(policy: Policy, ready: dict, held: float) -> str | None:
-    order = policy.order
-    if "W" in ready and held >= policy.w_first_when_held - 1e-9:
-        order = ("I", "W") + tuple(k for k in order if k not in ("I", "W"))
-    return next((key for key in order if key in ready), None)
+def _w_first(order: tuple[str, ...]) -> tuple[str, ...]:
+    """``order`` with I and then W ahead of the forwards (``Policy.w_first_when_held``)."""
+    return ("I", "W") + tuple(k for k in order if k not in ("I", "W"))
 
 
 def v_list_schedule(
@@ -113,90 +111,100 @@ def v_list_schedule(
     scripts = [deque(s) for s in scripts] if scripts is not None else [deque() for _ in range(p)]
     g = input_grad_frees
 
-    def f_ready(s: int, r: int) -> float | None:
-        k = next_f[s]
-        if k >= m:
-            return None
-        if s == 0:
-            return 0.0
-        t = f_done[s - 1][k]
-        if t < 0:
-            return None
-        return t + (comm if _stage_rank(s - 1, p) != r else 0.0)
+    last = n - 1
+    rank_of = [_stage_rank(s, p) for s in range(n)]
+    # the delay on the edge from stage s to its neighbour below (s-1) or above (s+1): comm between ranks
+    comm_down = [comm if s > 0 and rank_of[s - 1] != rank_of[s] else 0.0 for s in range(n)]
+    comm_up = [comm if s < last and rank_of[s + 1] != rank_of[s] else 0.0 for s in range(n)]
+    push, pop = heapq.heappush, heapq.heappop
+    room = cap_chunks + 1e-9
+    plain_order, w_first_order = policy.order, _w_first(policy.order)
+    w_first_at = policy.w_first_when_held - 1e-9
+    patience, reserve_all, fill_w = policy.patience, policy.reserve_all, policy.fill_w
+    kind_f, kind_i, kind_w = Kind.F, Kind.I, Kind.W
 
-    def i_ready(s: int, r: int) -> float | None:
-        k = next_i[s]
-        if k >= m or f_done[s][k] < 0:
-            return None
-        if s == n - 1:
-            return f_done[s][k]
-        t = g_done[s + 1][k]
-        if t < 0:
-            return None
-        return max(f_done[s][k], t + (comm if _stage_rank(s + 1, p) != r else 0.0))
-
+    # The loop below inlines, for speed, when each rank's next actions become ready: the forward of
+    # stage s when stage s-1's output for that micro-batch has arrived; the input-gradient backward when
+    # its own forward is done and stage s+1's gradient has arrived (an event's time is its end plus the
+    # edge's comm). A rank r always acts for its own stages, r (first chunk) and 2p-1-r (second chunk).
     makespan = 0.0
     while remaining:
         if not events:
             if any(scripts):
                 return None
             raise AssertionError("V list scheduler stalled; the reservation rule should prevent this")
-        now, r = heapq.heappop(events)
+        now, r = pop(events)
         if now < free_at[r] - eps:
             continue
-        s0, s1 = r, n - 1 - r
+        s0, s1 = r, last - r
         cand: dict[str, tuple[float, int]] = {}
         for key, s in (("I1", s1), ("I0", s0)):
-            t = i_ready(s, r)
-            if t is not None:
-                cand[key] = (t, s)
-                if "I" not in cand or t < cand["I"][0] - eps:
-                    cand["I"] = (t, s)
+            k = next_i[s]
+            if k >= m:
+                continue
+            t = f_done[s][k]
+            if t < 0:
+                continue
+            if s != last:
+                arrived = g_done[s + 1][k]
+                if arrived < 0:
+                    continue
+                t = max(t, arrived + comm_up[s])
+            cand[key] = (t, s)
+            if "I" not in cand or t < cand["I"][0] - eps:
+                cand["I"] = (t, s)
         script = scripts[r]
-        t = f_ready(s1, r)
-        if t is not None and (script or held[r] + 1 <= cap_chunks + 1e-9):
-            cand["F1"] = (t, s1)
-        t = f_ready(s0, r)
-        reserve = 1 + admitted_not_up[r] if policy.reserve_all else 1
-        if t is not None and (script or held[r] + 1 + reserve <= cap_chunks + 1e-9):
-            cand["F0"] = (t, s0)
+        k = next_f[s1]  # s1 > 0: the second chunk's input always comes from stage s1-1
+        if k < m and f_done[s1 - 1][k] >= 0 and (script or held[r] + 1 <= room):
+            cand["F1"] = (f_done[s1 - 1][k] + comm_down[s1], s1)
+        k = next_f[s0]
+        reserve = 1 + admitted_not_up[r] if reserve_all else 1
+        if k < m and (script or held[r] + 1 + reserve <= room):
+            if s0 == 0:
+                cand["F0"] = (0.0, s0)
+            elif f_done[s0 - 1][k] >= 0:
+                cand["F0"] = (f_done[s0 - 1][k] + comm_down[s0], s0)
         if pending_w[r]:
             cand["W"] = (now, -1)
         ready = {k: v for k, v in cand.items() if v[0] <= now + eps}
         if script:
             if script[0] == "W" and not pending_w[r]:
                 script.popleft()  # its W was already run to fill a gap
-                heapq.heappush(events, (now, r))
+                push(events, (now, r))
                 continue
             choice = script[0] if script[0] in ready else None
-            if choice is None and "W" in ready and policy.fill_w:
+            if choice is None and "W" in ready and fill_w:
                 choice = "W"  # fill the wait for the script's next action with a deferred W
             elif choice is None:
                 if script[0] in cand:
-                    heapq.heappush(events, (cand[script[0]][0], r))
+                    push(events, (cand[script[0]][0], r))
                 continue
             else:
                 script.popleft()
             if choice in ("I0", "I1"):
                 cand["I"], choice = cand[choice], "I"
         else:
-            choice = _choose(policy, ready, held[r])
-        if choice in ("W", "F0") and policy.patience > 0 and not script:
+            choice = None
+            for key in w_first_order if "W" in ready and held[r] >= w_first_at else plain_order:
+                if key in ready:
+                    choice = key
+                    break
+        if patience > 0 and choice in ("W", "F0") and not script:
             w_len = w_cost[pending_w[r][0][0]] if pending_w[r] else f_cost[s0]
             soon = [v[0] for k, v in cand.items() if k in ("I", "F1") and v[0] > now + eps]
-            if soon and min(soon) - now < policy.patience * w_len:
-                heapq.heappush(events, (min(soon), r))
+            if soon and min(soon) - now < patience * w_len:
+                push(events, (min(soon), r))
                 continue
         if choice is None:
             future = [v[0] for v in cand.values() if v[0] > now + eps]
             if future:
-                heapq.heappush(events, (min(future), r))
+                push(events, (min(future), r))
             continue
         if choice == "W":
             s, k = pending_w[r].popleft()
             end = now + w_cost[s]
             held[r] -= 1 - g
-            out[r].append(Action(s, Kind.W, k))
+            out[r].append(Action(s, kind_w, k))
         elif choice == "I":
             s = cand["I"][1]
             k = next_i[s]
@@ -205,9 +213,9 @@ def v_list_schedule(
             g_done[s][k] = end
             held[r] -= g
             pending_w[r].append((s, k))
-            out[r].append(Action(s, Kind.I, k))
+            out[r].append(Action(s, kind_i, k))
             if s > 0:
-                heapq.heappush(events, (end + (comm if _stage_rank(s - 1, p) != r else 0.0), _stage_rank(s - 1, p)))
+                push(events, (end + comm_down[s], rank_of[s - 1]))
         else:
             s = cand[choice][1]
             k = next_f[s]
@@ -216,15 +224,17 @@ def v_list_schedule(
             f_done[s][k] = end
             held[r] += 1
             admitted_not_up[r] += 1 if choice == "F0" else -1
-            peak[r] = max(peak[r], held[r])
-            out[r].append(Action(s, Kind.F, k))
-            if s < n - 1:
-                heapq.heappush(events, (end + (comm if _stage_rank(s + 1, p) != r else 0.0), _stage_rank(s + 1, p)))
+            if held[r] > peak[r]:
+                peak[r] = held[r]
+            out[r].append(Action(s, kind_f, k))
+            if s < last:
+                push(events, (end + comm_up[s], rank_of[s + 1]))
         free_at[r] = end
         if first_start[r] < 0:
             first_start[r] = now
-        makespan = max(makespan, end)
+        if end > makespan:
+            makespan = end
         remaining -= 1
-        heapq.heappush(events, (end, r))
+        push(events, (end, r))
     span_sum = sum(free_at[r] - first_start[r] for r in range(p))
     return GreedyResult(tuple(tuple(a) for a in out), makespan, span_sum, max(peak))
