@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from bubbleless_runtime import Pipeline, spawn
-from bubbleless_runtime.testing import bad_input_then_good_step, tiny_batch, tiny_loss, tiny_model
+from bubbleless_runtime.testing import stages_on_one_rank, tiny_batch, tiny_loss, tiny_model
+from bubbleless_runtime.testing_ranks import bad_input_then_good_step
 from bubbleless_schedules import generate
 
 OK = dict(schedule="1f1b", num_microbatches=2, loss_fn=tiny_loss)
@@ -35,6 +36,23 @@ def test_rt_microbatches_must_divide_the_batch():
         pipe.step(*tiny_batch(5))
 
 
+def test_rt_targets_must_have_the_inputs_batch_size():
+    """Both sizes divide the micro-batches, so only comparing them catches it (the loss would broadcast)."""
+    pipe = Pipeline(tiny_model(3), **OK)
+    inputs, targets = tiny_batch(4)
+    with pytest.raises(ValueError, match=r"same batch size \(dim 0\), got inputs\[0\] 4, targets\[0\] 2"):
+        pipe.step(inputs, targets[:2])
+    with pytest.raises(ValueError, match="inputs\\[1\\] 2"):
+        pipe.step((inputs, inputs[:2]), targets)
+
+
+def test_rt_roundrobin_is_refused_naming_the_schedules_that_run():
+    with pytest.raises(ValueError, match="roundrobin dispatches stage jobs to a device pool") as caught:
+        Pipeline(tiny_model(3), **{**OK, "schedule": "roundrobin"})
+    names = str(caught.value).split("Pipeline runs stage-bound schedules; pick one of ")[1]
+    assert "'1f1b'" in names and "'zbv'" in names and "'roundrobin'" not in names
+
+
 @pytest.mark.parametrize(
     ("model", "partition", "match"),
     [
@@ -47,21 +65,12 @@ def test_rt_microbatches_must_divide_the_batch():
 )
 def test_rt_model_that_cannot_be_cut(model, partition, match):
     with pytest.raises(ValueError, match=match):
-        Pipeline(model, **{**OK, "schedule": _two_stage_single_rank()}, partition=partition)
-
-
-def _two_stage_single_rank():
-    """Two stages on one rank (so a cut is needed without launching processes)."""
-    from bubbleless_schedules import Action, Kind, Schedule
-
-    forwards = [Action(s, Kind.F, m) for m in range(2) for s in (0, 1)]
-    rows = [forwards + [Action(s, Kind.B, m) for m in range(2) for s in (1, 0)]]
-    return Schedule(rows, num_stages=2, num_microbatches=2, stage_to_rank=(0, 0), name="two-on-one")
+        Pipeline(model, **{**OK, "schedule": stages_on_one_rank(2)}, partition=partition)
 
 
 def test_rt_single_process_with_a_partition_matches_the_model():
     model, ref = tiny_model(4), tiny_model(4)
-    pipe = Pipeline(model, **{**OK, "schedule": _two_stage_single_rank()}, partition=[1, 3])
+    pipe = Pipeline(model, **{**OK, "schedule": stages_on_one_rank(2)}, partition=[1, 3])
     inputs, targets = tiny_batch(4)
     loss = pipe.step(inputs, targets)
     ref_loss = sum(tiny_loss(ref(x), y) for x, y in zip(inputs.chunk(2), targets.chunk(2), strict=True))
@@ -79,3 +88,4 @@ def test_rt_every_rank_raises_before_communicating():
         assert "no error" not in messages, messages
         assert any("launch 3 processes" in m for m in messages)
         assert any("multiple of 2" in m for m in messages)
+        assert any("same batch size" in m for m in messages)  # found on every rank, not only the last

@@ -1,24 +1,21 @@
 """``bubbleless train`` end to end: real gloo ranks, the report, the pictures, checkpoints, LoRA on MoE."""
 
+import math
 import os
-import subprocess
-import sys
 
 import pytest
 
-pytest.importorskip("bubbleless_runtime.pipeline", reason="the executor (pipeline.py) is not there yet")
+from bubbleless_runtime import testing
+from bubbleless_runtime.config import load_config
+from bubbleless_runtime.report import RunResult, report
 
 
-def run_cli(tmp_path, yaml_text, *extra):
+def run_cli(tmp_path, yaml_text, *extra, torchrun_nproc=None):
     config = tmp_path / "run.yaml"
     config.write_text(yaml_text)
     args = ["train", str(config), "--output-dir", str(tmp_path / "out"), *extra]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [sys.executable, "-c", f"from bubbleless_runtime.cli import main; raise SystemExit(main({args!r}))"],
-        capture_output=True, text=True, env=env, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = testing.run_cli(args, torchrun_nproc=torchrun_nproc)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     return done.stdout
 
 
@@ -72,3 +69,30 @@ def test_lora_on_moe_trains_through_the_pipeline_and_saves_a_loadable_adapter(tm
     assert trained and all(
         p.abs().sum() > 0 for p in trained
     )  # lora_B starts at zero: every rank's got trained
+
+
+@pytest.mark.slow
+def test_torchrun_runs_the_module_as_a_program(tmp_path):
+    """``torchrun -m bubbleless_runtime.cli train`` must train (the module needs its ``__main__`` guard)."""
+    out = run_cli(
+        tmp_path, TINY_MODEL + "pipeline: {schedule: 1f1b, num_microbatches: 4}\n", "--steps", "2", torchrun_nproc=2
+    )
+    assert "schedule 1f1b, 2 ranks, 4 micro-batches, 2 steps" in out
+    loss_line = next(line for line in out.splitlines() if line.startswith("loss"))
+    assert all(math.isfinite(float(x)) for x in loss_line.split()[1:4:2])
+
+
+@pytest.mark.slow
+def test_resuming_a_finished_run_says_there_is_nothing_to_do(tmp_path):
+    yaml_text = TINY_MODEL + "pipeline: {schedule: 1f1b, nproc: 1, num_microbatches: 2}\ntrain: {steps: 2, checkpoint: true}\n"
+    run_cli(tmp_path, yaml_text)
+    out = run_cli(tmp_path, yaml_text, "--resume", str(tmp_path / "out" / "checkpoint-2"))
+    assert "nothing to do: the checkpoint is at step 2 of 2" in out
+    assert not any(line.startswith("loss") for line in out.splitlines())
+
+
+def test_report_without_steps_says_where_the_checkpoint_is():
+    nan = float("nan")
+    config = load_config(text=TINY_MODEL + "train: {steps: 5}\n")
+    text = report(RunResult([], nan, nan, nan, None, None, None, None, 7), config)
+    assert text.startswith("nothing to do: the checkpoint is at step 7 of 5")

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from bubbleless_runtime import spawn
-from bubbleless_runtime.testing import disagree_on_schedule, survive_a_dead_rank
+from bubbleless_runtime.testing_ranks import disagree_on_schedule, survive_a_dead_rank
 
 TIMEOUT = 4.0
 

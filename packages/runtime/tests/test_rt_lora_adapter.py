@@ -10,17 +10,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from bubbleless_runtime.lora import apply_lora, save_lora_adapter  # noqa: E402
 from bubbleless_runtime.models import build_causal_lm, pipeline_model  # noqa: E402
+from bubbleless_runtime.testing import free_port, tiny_hf_fields  # noqa: E402
 
-TINY = dict(
-    vocab_size=128,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=8,
-    max_position_embeddings=64,
-)
+TINY = tiny_hf_fields(vocab_size=128)
 
 
 def forward(layers, x):
@@ -87,14 +79,10 @@ def _two_rank_save(rank, path, port):
 
 @pytest.mark.slow
 def test_two_ranks_gather_their_adapters_into_one_save(tmp_path):
-    import socket
-
     import torch.multiprocessing as mp
     from peft import PeftModel
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     # fork: test modules are imported by path (importlib mode), so spawn could not pickle the worker.
     mp.start_processes(_two_rank_save, args=(str(tmp_path), port), nprocs=2, start_method="fork")
     reloaded = PeftModel.from_pretrained(build_causal_lm("qwen3", seed=0, **TINY), tmp_path)

@@ -9,17 +9,9 @@ pytest.importorskip("transformers")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from bubbleless_runtime.models import build_causal_lm, pipeline_model  # noqa: E402
+from bubbleless_runtime.testing import tiny_hf_fields  # noqa: E402
 
-TINY = dict(
-    vocab_size=128,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=3,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=8,
-    max_position_embeddings=64,
-)
+TINY = tiny_hf_fields(vocab_size=128, num_hidden_layers=3)
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, router_aux_loss_coef=0.02)
 
 

@@ -11,13 +11,9 @@ import torch
 from bubbleless_runtime import Pipeline, spawn
 from bubbleless_runtime import config as cfg
 from bubbleless_runtime.auto_partition import method_for, predicted_effect
-from bubbleless_runtime.testing_auto_partition import (
-    auto_against_unpipelined,
-    heavy_batch,
-    heavy_model,
-    sum_mse,
-)
-from bubbleless_schedules import Action, Kind, Schedule, generate, simulate
+from bubbleless_runtime.testing import heavy_batch, heavy_model, run_cli, stages_on_one_rank, sum_mse
+from bubbleless_runtime.testing_ranks import auto_against_unpipelined
+from bubbleless_schedules import generate, simulate
 
 TOLERANCE = 1e-5
 
@@ -29,14 +25,6 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-def _stages_on_one_rank(num_stages: int, num_microbatches: int = 2) -> Schedule:
-    """GPipe order with every stage on one rank: a cut is needed without launching processes."""
-    forwards = [Action(s, Kind.F, m) for m in range(num_microbatches) for s in range(num_stages)]
-    backwards = [Action(s, Kind.B, m) for m in range(num_microbatches) for s in reversed(range(num_stages))]
-    return Schedule([forwards + backwards], num_stages=num_stages, num_microbatches=num_microbatches,
-                    stage_to_rank=(0,) * num_stages, name=f"{num_stages}-on-one")
 
 
 def _auto(model, schedule, **extra):
@@ -64,7 +52,7 @@ def test_rt_auto_cut_is_shared_by_every_rank_and_keeps_the_gradients():
 
 
 def test_rt_auto_cut_in_one_process_predicts_a_shorter_step():
-    schedule = _stages_on_one_rank(2)
+    schedule = stages_on_one_rank(2)
     pipe = _auto(heavy_model(4, heavy_at=0), schedule)
     assert pipe.partition == [1, 3]
     assert len(pipe.stage_costs.forward) == 2 and pipe.stage_costs.forward[0] > pipe.stage_costs.forward[1]
@@ -86,11 +74,11 @@ def test_rt_method_follows_the_placement():
 
 def test_rt_more_stages_than_layers_raises():
     with pytest.raises(ValueError, match="the model has 2 layers but the schedule has 3 stages"):
-        _auto(heavy_model(2, heavy_at=0), _stages_on_one_rank(3))
+        _auto(heavy_model(2, heavy_at=0), stages_on_one_rank(3))
 
 
 def test_rt_a_memory_cap_no_cut_meets_names_the_smallest_cap_that_fits():
-    schedule = _stages_on_one_rank(2)
+    schedule = stages_on_one_rank(2)
     with pytest.raises(ValueError, match="smallest cap that fits is") as caught:
         _auto(heavy_model(4, heavy_at=0), schedule, memory_cap=1000)
     smallest = int(re.search(r"smallest cap that fits is (\d+) bytes", str(caught.value)).group(1))
@@ -113,12 +101,12 @@ def test_rt_a_memory_cap_no_cut_meets_names_the_smallest_cap_that_fits():
 )
 def test_rt_auto_partition_bad_arguments(extra, match):
     with pytest.raises(ValueError, match=match):
-        Pipeline(heavy_model(4, heavy_at=0), schedule=_stages_on_one_rank(2), num_microbatches=2,
+        Pipeline(heavy_model(4, heavy_at=0), schedule=stages_on_one_rank(2), num_microbatches=2,
                  loss_fn=sum_mse, **extra)
 
 
 def test_rt_even_is_the_default_and_a_name():
-    schedule = _stages_on_one_rank(2)
+    schedule = stages_on_one_rank(2)
     named = Pipeline(heavy_model(5, 0), schedule=schedule, num_microbatches=2, loss_fn=sum_mse, partition="even")
     default = Pipeline(heavy_model(5, 0), schedule=schedule, num_microbatches=2, loss_fn=sum_mse)
     assert named.partition == default.partition == [3, 2]
@@ -140,10 +128,6 @@ def test_rt_config_takes_partition_auto_and_a_memory_cap():
 
 @pytest.mark.slow
 def test_rt_cli_partition_auto_reports_the_predicted_effect(tmp_path):
-    import os
-    import subprocess
-    import sys
-
     config = tmp_path / "run.yaml"
     config.write_text(
         "model: {vocab_size: 16, hidden_size: 32, intermediate_size: 64, num_layers: 4, num_heads: 4,\n"
@@ -152,12 +136,7 @@ def test_rt_cli_partition_auto_reports_the_predicted_effect(tmp_path):
         "pipeline: {schedule: 1f1b, nproc: 2, num_microbatches: 4, partition: auto}\n"
         "train: {steps: 2}\n"
     )
-    args = ["train", str(config), "--output-dir", str(tmp_path / "out")]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [sys.executable, "-c", f"from bubbleless_runtime.cli import main; raise SystemExit(main({args!r}))"],
-        capture_output=True, text=True, env=env, timeout=300,
-    )  # fmt: skip
+    done = run_cli(["train", str(config), "--output-dir", str(tmp_path / "out")])
     assert done.returncode == 0, done.stderr[-3000:]
     assert "partition     auto (dp)" in done.stdout
     even = next(line for line in done.stdout.splitlines() if "even cut" in line)
@@ -168,7 +147,7 @@ def test_rt_cli_partition_auto_reports_the_predicted_effect(tmp_path):
 
 
 def test_rt_data_parallel_replicas_take_replica_0s_profile():
-    from bubbleless_runtime.testing_auto_partition import auto_with_data_parallel
+    from bubbleless_runtime.testing_ranks import auto_with_data_parallel
 
     per_rank = spawn(auto_with_data_parallel, 4, threads_per_process=1, timeout=180)
     for rank, result in enumerate(per_rank):
@@ -180,7 +159,7 @@ def test_rt_data_parallel_replicas_take_replica_0s_profile():
 def test_rt_layers_that_pass_tuples_are_profiled_and_train_the_same():
     from bubbleless_runtime.testing import reference_grads, relative_error, tiny_batch, tiny_loss, tiny_model
 
-    schedule = _stages_on_one_rank(2)
+    schedule = stages_on_one_rank(2)
     inputs, targets = tiny_batch(4)
     model = tiny_model(5)  # passes (hidden, aux, index) between layers
     pipe = Pipeline(model, schedule=schedule, num_microbatches=2, loss_fn=tiny_loss, partition="auto",

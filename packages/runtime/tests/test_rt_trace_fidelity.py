@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from bubbleless_runtime import spawn
 from bubbleless_runtime.testing import tiny_batch, tiny_loss, tiny_model
+from bubbleless_runtime.testing_ranks import gathers_per_step
 from bubbleless_runtime.trace import calibrated_costs, transfer_latencies
 from bubbleless_schedules import Costs, Kind, generate, simulate
 from bubbleless_schedules.layouts import layout_of
@@ -108,3 +109,14 @@ def test_rt_measured_timeline_is_complete_and_idle_only_on_waits(name, children_
     # Same busy time on two ranks bounds both makespans within [busy / 2, busy + transfers]; a factor of
     # 3 leaves room for any machine load while still catching a calibration off by an order of magnitude.
     assert timeline.makespan / 3 <= predicted.makespan <= timeline.makespan * 3
+
+
+@pytest.mark.slow
+def test_rt_steps_gather_nothing_until_the_timeline_is_read():
+    """Tracing is free: a step makes no collective for it; the first read of ``last_timeline`` gathers
+    once (on every rank), the next read returns the same timeline."""
+    per_rank = spawn(gathers_per_step, 2, 3, threads_per_process=1, timeout=120)
+    for rank, counts in enumerate(per_rank):
+        assert counts["during_steps"] == 0, (rank, counts)
+        assert counts["first_read"] == 1 and counts["second_read"] == 0, (rank, counts)
+        assert counts["same_object"] and counts["spans"] == counts["expected_spans"], (rank, counts)

@@ -6,46 +6,21 @@ the one-process run checks the cross-rank gradient sum and the global-norm clipp
 
 import json
 import os
-import socket
 
 import pytest
 import torch
-from torch import nn
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-pytest.importorskip("bubbleless_runtime.pipeline", reason="the executor (pipeline.py) is not there yet")
 
 from bubbleless_runtime.config import OptimizerConfig  # noqa: E402
 from bubbleless_runtime.data import SyntheticTask  # noqa: E402
 from bubbleless_runtime.models import build_causal_lm, pipeline_model  # noqa: E402
+from bubbleless_runtime.testing import SequentialPipeline, free_port, tiny_hf_fields  # noqa: E402
 from bubbleless_runtime.trainer import ScaledLoss, Trainer, build_optimizer, seed_everything, warmup_cosine  # noqa: E402
 
-TINY = dict(
-    vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, head_dim=8, max_position_embeddings=64, tie_word_embeddings=True,
-)  # fmt: skip
+TINY = tiny_hf_fields(tie_word_embeddings=True)
 TASK = SyntheticTask(task="reverse", num_symbols=8, length=4, batch_size=8, seed=5)
 MICROBATCHES = 4
-
-
-class SequentialPipeline:
-    holds_loss = True
-
-    def __init__(self, layers, loss_fn):
-        self.modules, self.loss_fn = nn.ModuleList(layers), loss_fn
-
-    def parameters(self):
-        return self.modules.parameters()
-
-    def step(self, inputs, targets):
-        total = 0.0
-        for x, y in zip(inputs.chunk(MICROBATCHES), targets.chunk(MICROBATCHES), strict=True):
-            for layer in self.modules:
-                x = layer(x)
-            loss = self.loss_fn(x, y)
-            loss.backward()
-            total = total + loss.detach()
-        return total
 
 
 def make_trainer(make_pipeline, *, seed=0):
@@ -98,14 +73,12 @@ def _worker(rank, port, out):
 def test_two_rank_training_matches_one_process_and_resumes_exactly(tmp_path):
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     # fork: test modules are imported by path (importlib mode), so spawn could not pickle the worker.
     mp.start_processes(_worker, args=(port, str(tmp_path)), nprocs=2, start_method="fork")
     result = json.loads((tmp_path / "result.json").read_text())
 
-    reference = make_trainer(SequentialPipeline)
+    reference = make_trainer(lambda layers, loss: SequentialPipeline(layers, loss, MICROBATCHES))
     expected = [reference.train_step(TASK) for _ in range(4)]
     assert result["losses"] == pytest.approx([s.loss for s in expected], rel=1e-5)
     assert result["norms"] == pytest.approx([s.grad_norm for s in expected], rel=1e-4)

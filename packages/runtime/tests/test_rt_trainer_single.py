@@ -6,6 +6,7 @@ schedule must reproduce, so what is tested here is the Trainer's own arithmetic.
 
 import math
 import os
+import re
 
 import pytest
 import torch
@@ -16,6 +17,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from bubbleless_runtime.config import OptimizerConfig  # noqa: E402
 from bubbleless_runtime.data import SyntheticTask  # noqa: E402
 from bubbleless_runtime.models import build_causal_lm, pipeline_model  # noqa: E402
+from bubbleless_runtime.pipeline import Pipeline  # noqa: E402
+from bubbleless_runtime.testing import (  # noqa: E402
+    SequentialPipeline,
+    stages_on_one_rank,
+    tiny_hf_fields,
+    tiny_loss,
+    tiny_model,
+)
 from bubbleless_runtime.trainer import (  # noqa: E402
     ScaledLoss,
     Trainer,
@@ -24,48 +33,12 @@ from bubbleless_runtime.trainer import (  # noqa: E402
     warmup_cosine,
 )
 
-TINY = dict(
-    vocab_size=32,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=8,
-    max_position_embeddings=64,
-)
-
-
-class SequentialPipeline:
-    """One rank holding every layer; micro-batches along dim 0, loss summed like Pipeline.step."""
-
-    holds_loss = True
-
-    def __init__(self, layers, loss_fn, num_microbatches):
-        self.modules = nn.ModuleList(layers)
-        self.loss_fn, self.num_microbatches = loss_fn, num_microbatches
-
-    def parameters(self):
-        return self.modules.parameters()
-
-    def step(self, inputs, targets):
-        total = 0.0
-        for x, y in zip(
-            inputs.chunk(self.num_microbatches), targets.chunk(self.num_microbatches), strict=True
-        ):
-            for layer in self.modules:
-                x = layer(x)
-            loss = self.loss_fn(x, y)
-            loss.backward()
-            total = total + loss.detach()
-        return total
-
 
 def make_trainer(
     *, seed=0, microbatches=2, grad_accum=1, precision="fp32", max_grad_norm=1.0, lr=1e-2, **fields
 ):
     seed_everything(seed)
-    piped = pipeline_model(build_causal_lm("qwen3", seed=seed, **{**TINY, **fields}))
+    piped = pipeline_model(build_causal_lm("qwen3", seed=seed, **tiny_hf_fields(**fields)))
     loss = ScaledLoss(piped.loss_fn)
     pipe = SequentialPipeline(piped.layers, loss, microbatches)
     config = OptimizerConfig(lr=lr, warmup_steps=2)
@@ -179,3 +152,24 @@ def test_bad_trainer_input_raises():
         make_trainer(precision="fp8")
     with pytest.raises(ValueError, match="optimizer.name"):
         build_optimizer([nn.Parameter(torch.ones(2))], OptimizerConfig(name="lion"))
+
+
+def _cut_trainer(partition):
+    model = tiny_model(4)
+    loss = ScaledLoss(tiny_loss)
+    pipe = Pipeline(model, schedule=stages_on_one_rank(2), num_microbatches=2, loss_fn=loss, partition=partition)
+    optimizer = torch.optim.SGD(pipe.parameters(), lr=0.1)
+    return Trainer(pipeline=pipe, layers=list(model), loss=loss, optimizer=optimizer, num_microbatches=2)
+
+
+def test_resume_refuses_a_checkpoint_cut_elsewhere(tmp_path):
+    """partition: auto may cut a resumed run elsewhere; loading would then put one layer's weights into
+    another wherever the shapes agree (here the tiny model's identical blocks)."""
+    _cut_trainer([1, 3]).save(tmp_path)
+    with pytest.raises(ValueError, match=re.escape(
+        "checkpoint was cut [1, 3] but this run cut [2, 2]; set pipeline.partition: [1, 3] to resume"
+    )):
+        _cut_trainer([2, 2]).load(tmp_path)
+    same = _cut_trainer([1, 3])
+    same.load(tmp_path)
+    assert same.state_dict()["partition"] == [1, 3]

@@ -32,6 +32,7 @@ from bubbleless_partition import LayerCost, Partition, Profile, cut, price_pipel
 from bubbleless_schedules import Costs, Schedule, simulate, v_placement
 
 from .comm import wait_collective
+from .stages import stage_sizes
 
 # LayerCost fields, in the order they travel in the broadcast tensor
 _FIELDS = ("forward", "input_grad", "weight_grad", "recompute", "param_bytes", "activation_bytes_per_token",
@@ -62,16 +63,11 @@ def predicted_effect(schedule: Schedule, prof: Profile, sizes) -> str:
     """Report lines: the simulator's step time and bubble rate under the profile, even cut against ``sizes``."""
     lines = [f"partition     auto ({method_for(schedule)}), simulated with the layer profile "
              "(per-stage F/I/W, no communication cost)"]
-    for label, cut_sizes in (("even", even_sizes(prof.num_layers, schedule.num_stages)), ("auto", list(sizes))):
+    for label, cut_sizes in (("even", stage_sizes(prof.num_layers, schedule.num_stages)), ("auto", list(sizes))):
         timeline = simulate(schedule, stage_costs(prof, cut_sizes))
         lines.append(f"  {label} cut    {cut_sizes}: predicted step {timeline.makespan:.3f} ms, "
                      f"bubble {timeline.bubble_rate:.1%}")
     return "\n".join(lines)
-
-
-def even_sizes(num_layers: int, num_stages: int) -> list[int]:
-    base, extra = divmod(num_layers, num_stages)
-    return [base + (1 if s < extra else 0) for s in range(num_stages)]
 
 
 def auto_cut(layers, schedule: Schedule, sample_input, *, memory_cap=None, rank: int, num_ranks: int, group=None,

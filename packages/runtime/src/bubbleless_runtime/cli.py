@@ -11,11 +11,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import dataclass
-from statistics import mean
+from collections.abc import Callable
 
-from .config import RunConfig, config_to_dict, load_config, validate
+from .config import ModelConfig, RunConfig, config_to_dict, load_config, validate
+from .config_checks import check_schedule
 from .default_config import DEFAULT_CONFIG_YAML
+from .launch import under_torchrun
+from .report import RunResult, finish, report
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         config = resolve_config(args)
+        if not args.print_config:  # before any process starts: the schedule, its shape and the partition
+            num_ranks = int(os.environ["WORLD_SIZE"]) if under_torchrun() else config.pipeline.nproc
+            check_schedule(config, num_ranks=num_ranks)
     except ValueError as error:
         print(f"bubbleless: {error}", file=sys.stderr)
         return 2
@@ -70,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
 
         print(yaml.safe_dump(config_to_dict(config), sort_keys=False), end="")
         return 0
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # under torchrun: this process is one rank
+    if under_torchrun():  # this process is one rank
         run_rank(config)
     else:
         launch(config)
@@ -96,31 +101,22 @@ def _spawned_rank(rank: int, config: RunConfig) -> None:
 # ---- one rank of the job ----
 
 
-@dataclass(frozen=True)
-class RunResult:
-    """What a finished run reports (rank 0 prints it)."""
-
-    losses: list[float]
-    tokens_per_second: float
-    measured_bubble_rate: float
-    predicted_bubble_rate: float
-    timeline_png: str | None
-    chrome_trace: str | None
-    checkpoint: str | None
-    adapter: str | None
-
-
 def run_rank(config: RunConfig) -> RunResult:
     """Build the model, the pipeline and the trainer on this rank, train, and report on rank 0."""
     import torch
     import torch.distributed as dist
 
-    created = dist.is_available() and "WORLD_SIZE" in os.environ and not dist.is_initialized()
-    if created:  # torchrun: we join the group; under launch.spawn it already exists
-        dist.init_process_group(config.pipeline.backend)
-    world = dist.get_world_size() if dist.is_initialized() else 1
+    from .launch import init_from_env
+
+    created = dist.is_available() and under_torchrun() and not dist.is_initialized()
+    if created:  # torchrun: we join the group (and pick this process's GPU); under launch.spawn it exists
+        init_from_env(backend=config.pipeline.backend)
     rank = dist.get_rank() if dist.is_initialized() else 0
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    if under_torchrun():  # torchrun sets the world; pipeline.nproc is ignored (and reported as it ran)
+        config.pipeline.nproc = dist.get_world_size()
+    # the CPU cores are shared by the processes on this machine, not by the whole (multi-node) world
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size() if dist.is_initialized() else 1))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
     try:
         return _train(config, rank=rank)
     finally:
@@ -135,7 +131,38 @@ def _device(config: RunConfig, rank: int):
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise ValueError("train.device is 'cuda' but no GPU is visible; set train.device: cpu")
-    return torch.device("cuda", rank % torch.cuda.device_count())
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))  # the GPU init_from_env selected under torchrun
+    return torch.device("cuda", local_rank % torch.cuda.device_count())
+
+
+def _dense_fields(m: ModelConfig) -> dict:
+    return dict(
+        vocab_size=m.vocab_size, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
+        num_hidden_layers=m.num_layers, num_attention_heads=m.num_heads, num_key_value_heads=m.num_kv_heads,
+        head_dim=m.head_dim, max_position_embeddings=m.max_position_embeddings,
+        tie_word_embeddings=m.tie_embeddings,
+    )  # fmt: skip
+
+
+def _llama_fields(m: ModelConfig) -> dict:
+    fields = _dense_fields(m)
+    fields.pop("head_dim")  # Llama derives it from hidden_size / num_heads
+    return fields
+
+
+def _moe_fields(m: ModelConfig) -> dict:
+    return dict(
+        _dense_fields(m), num_experts=m.num_experts, num_experts_per_tok=m.experts_per_token,
+        moe_intermediate_size=m.moe_intermediate_size, router_aux_loss_coef=m.aux_loss_coef,
+    )  # fmt: skip
+
+
+# model.architecture -> (transformers config fields from the model section, router aux loss coefficient)
+ARCHITECTURE_BUILDERS: dict[str, tuple[Callable[[ModelConfig], dict], Callable[[ModelConfig], float | None]]] = {
+    "qwen3": (_dense_fields, lambda m: None),
+    "llama": (_llama_fields, lambda m: None),
+    "qwen3_moe": (_moe_fields, lambda m: m.aux_loss_coef),
+}
 
 
 def _build_model(config: RunConfig):
@@ -143,29 +170,18 @@ def _build_model(config: RunConfig):
     from .models import build_causal_lm, load_causal_lm, pipeline_model
 
     m = config.model
+    aux = None
     if m.path is not None:
         model = load_causal_lm(m.path)
     else:
-        fields = dict(
-            vocab_size=m.vocab_size, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
-            num_hidden_layers=m.num_layers, num_attention_heads=m.num_heads, num_key_value_heads=m.num_kv_heads,
-            head_dim=m.head_dim, max_position_embeddings=m.max_position_embeddings,
-            tie_word_embeddings=m.tie_embeddings,
-        )  # fmt: skip
-        if m.architecture == "qwen3_moe":
-            fields.update(
-                num_experts=m.num_experts, num_experts_per_tok=m.experts_per_token,
-                moe_intermediate_size=m.moe_intermediate_size, router_aux_loss_coef=m.aux_loss_coef,
-            )  # fmt: skip
-        if m.architecture == "llama":
-            fields.pop("head_dim")
-        model = build_causal_lm(m.architecture, seed=config.train.seed, **fields)
+        fields, aux_coef = ARCHITECTURE_BUILDERS[m.architecture]
+        model = build_causal_lm(m.architecture, seed=config.train.seed, **fields(m))
+        aux = aux_coef(m)
     if config.lora.enabled:
         lora = config.lora
         model = apply_lora(
             model, rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout, target_modules=lora.target_modules
         )
-    aux = m.aux_loss_coef if m.architecture == "qwen3_moe" and m.path is None else None
     return pipeline_model(model, aux_loss_coef=aux)
 
 
@@ -197,6 +213,7 @@ def _train(config: RunConfig, *, rank: int) -> RunResult:
         sample_input=data.batch(0)[0].chunk(config.pipeline.num_microbatches)[0] if auto else None,
         memory_cap=config.pipeline.memory_cap,
         device=device,
+        trace=True,  # the report reads last_timeline once, on every rank, after the last step
     )
     optimizer = build_optimizer(pipeline.parameters(), config.optimizer)
     steps = config.train.steps
@@ -214,6 +231,11 @@ def _train(config: RunConfig, *, rank: int) -> RunResult:
     if config.train.resume:
         trainer.load(config.train.resume)
     out = config.train.output_dir
+    if trainer.step >= steps:  # a finished run resumed: report it, train nothing, write nothing
+        result = RunResult([], float("nan"), float("nan"), float("nan"), None, None, None, None, trainer.step)
+        if rank == 0:
+            print(report(result, config))
+        return result
     losses, tokens, seconds, warm = [], 0, 0.0, False
     bar = _progress(rank, total=steps, initial=trainer.step)
     while trainer.step < steps:
@@ -235,7 +257,7 @@ def _train(config: RunConfig, *, rank: int) -> RunResult:
     if config.train.checkpoint or config.train.save_every:
         checkpoint = trainer.save(os.path.join(out, f"checkpoint-{trainer.step}"))
     adapter = _save_adapter(config, piped.model, pipeline)
-    result = _finish(rank, pipeline, losses, tokens / max(seconds, 1e-9), out, checkpoint, adapter)
+    result = finish(rank, pipeline, losses, tokens / max(seconds, 1e-9), out, checkpoint, adapter, trainer.step)
     if rank == 0:
         print(report(result, config))
     if rank == 0 and pipeline.profile is not None:
@@ -262,64 +284,5 @@ def _save_adapter(config: RunConfig, model, pipeline) -> str | None:
     return save_lora_adapter(model, path, owned=list(pipeline.parameters()), group=pipeline.group)
 
 
-def measured_costs(timeline):
-    """Simulator ``Costs`` (seconds) calibrated from a measured timeline: per-stage mean F, I, W
-    durations and the measured transfer latency as ``comm`` (see ``trace.calibrated_costs``)."""
-    from .trace import calibrated_costs
-
-    return calibrated_costs(timeline)
-
-
-def _finish(rank, pipeline, losses, tokens_per_second, out, checkpoint, adapter) -> RunResult:
-    timeline = pipeline.last_timeline
-    png = trace = None
-    measured = predicted = float("nan")
-    if timeline is not None:
-        measured = timeline.bubble_rate
-        predicted = pipeline.predicted_timeline(measured_costs(timeline)).bubble_rate
-        if rank == 0:
-            png, trace = _write_pictures(timeline, out)
-    return RunResult(losses, tokens_per_second, measured, predicted, png, trace, checkpoint, adapter)
-
-
-def _write_pictures(timeline, out: str) -> tuple[str | None, str | None]:
-    os.makedirs(out, exist_ok=True)
-    png = trace = None
-    try:
-        from bubbleless_schedules.trace import write_trace
-
-        trace = str(write_trace(timeline, os.path.join(out, "timeline.trace.json")))
-    except ImportError:
-        pass
-    try:
-        from bubbleless_schedules.plot import plot_timeline
-
-        png = os.path.join(out, "timeline.png")
-        plot_timeline(timeline, png)
-    except ImportError:  # matplotlib missing: the trace is still written
-        png = None
-    return png, trace
-
-
-def report(result: RunResult, config: RunConfig) -> str:
-    """The closing summary printed on rank 0."""
-    window = max(1, min(10, len(result.losses) // 5))
-    first, last = mean(result.losses[:window]), mean(result.losses[-window:])
-    lines = [
-        f"schedule {config.pipeline.schedule}, {config.pipeline.nproc} ranks, "
-        f"{config.pipeline.num_microbatches} micro-batches, {len(result.losses)} steps",
-        f"loss          {first:.3f} -> {last:.3f}  (mean of the first / last {window} steps)",
-        f"throughput    {result.tokens_per_second:,.0f} tokens/s",
-        f"bubble rate   measured {result.measured_bubble_rate:.1%}  |  simulator {result.predicted_bubble_rate:.1%} "
-        "(last step; simulator fed that step's per-stage F/I/W times and transfer latency; it assumes a core "
-        "per rank, so expect a gap when ranks outnumber free cores)",
-    ]
-    if result.timeline_png:
-        lines.append(f"timeline PNG  {result.timeline_png}")
-    if result.chrome_trace:
-        lines.append(f"Chrome trace  {result.chrome_trace}  (open in chrome://tracing or ui.perfetto.dev)")
-    if result.checkpoint:
-        lines.append(f"checkpoint    {result.checkpoint}")
-    if result.adapter:
-        lines.append(f"LoRA adapter  {result.adapter}")
-    return "\n".join(lines)
+if __name__ == "__main__":  # torchrun --nproc-per-node N -m bubbleless_runtime.cli train CONFIG.yaml
+    sys.exit(main())

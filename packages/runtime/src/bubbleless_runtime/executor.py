@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 import torch
 
 from bubbleless_schedules import Action, Kind
+from bubbleless_schedules.action import COMM_KINDS
 
 from .comm import Channel, Transfer, as_tuple, decode_meta, encode_meta, tag_of
 from .split_backward import WeightGradQueue, defer_weight_grads, run_weight_grads
 
-COMM_KINDS = frozenset({Kind.SEND_F, Kind.RECV_F, Kind.SEND_B, Kind.RECV_B})
 NO_WAIT = 50e-6
 """Seconds under which a receive wait counts as work, not as blocked: waiting a transfer that has already
 arrived takes about 10 us on gloo (measured), and gloo's ``is_completed`` does not tell us beforehand."""

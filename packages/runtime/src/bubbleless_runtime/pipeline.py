@@ -19,24 +19,24 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from bubbleless_schedules import Costs, Schedule, generate, simulate
-from bubbleless_schedules.lowering import add_communication
+from bubbleless_schedules import Costs, Schedule, add_communication, available, generate, simulate
+from bubbleless_schedules.layouts import is_lowered
 
 from . import stages as stages_mod
 from .auto_partition import auto_cut, stage_costs
 from .comm import Channel, PipelineCommError, wait_collective
 from .data_parallel import GradientAverager
-from .executor import COMM_KINDS, Executor, StepState
+from .executor import Executor, StepState
 from .trace import measured_timeline
 
 DEFAULT_TIMEOUT = 300.0
 
 
 def _lower(schedule: Schedule) -> Schedule:
-    """The schedule with its sends and receives (as given when it already has them)."""
-    if any(a.kind in COMM_KINDS for _, _, a in schedule.all_actions()):
-        return schedule
-    return add_communication(schedule)
+    """The schedule with its sends and receives: as given when it is lowered already (``meta.comm=1``,
+    which ``add_communication`` writes and CSV/text keep); ``add_communication`` refuses anything else
+    that carries sends or receives, saying so."""
+    return schedule if is_lowered(schedule) else add_communication(schedule)
 
 
 def _group_shape(group) -> tuple[int, int]:
@@ -48,16 +48,36 @@ def _group_shape(group) -> tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
 
 
-def _resolve_schedule(schedule, *, num_ranks, num_microbatches, costs, options) -> Schedule:
-    if isinstance(schedule, str):
-        return generate(schedule, num_ranks=num_ranks, num_microbatches=num_microbatches, costs=costs, **options)
-    if not isinstance(schedule, Schedule):
-        raise ValueError(f"schedule must be a name from bubbleless_schedules.available() or a Schedule, got {schedule!r}")
+def stage_bound_names() -> list[str]:
+    """The registered schedules whose stages are bound to ranks (what ``Pipeline`` runs). A generator's
+    placement does not depend on the shape, so one small shape classifies it."""
+    names = []
+    for name in available():
+        try:
+            if generate(name, num_ranks=2, num_microbatches=8).stage_to_rank is not None:
+                names.append(name)
+        except (ValueError, NotImplementedError):
+            pass
+    return names
+
+
+def require_stage_bound(schedule: Schedule) -> Schedule:
+    """``schedule``, or ValueError when it dispatches stage jobs to a pool instead of binding stages to ranks."""
     if schedule.stage_to_rank is None:
         raise ValueError(
-            f"schedule {schedule.name!r} does not bind stages to ranks (a round-robin schedule); "
-            "the multi-process Pipeline runs stage-bound schedules only"
+            f"{schedule.name or 'this schedule'} dispatches stage jobs to a device pool (layout {schedule.layout!r}); "
+            f"Pipeline runs stage-bound schedules; pick one of {stage_bound_names()}"
         )
+    return schedule
+
+
+def _resolve_schedule(schedule, *, num_ranks, num_microbatches, costs, options) -> Schedule:
+    if isinstance(schedule, str):
+        generated = generate(schedule, num_ranks=num_ranks, num_microbatches=num_microbatches, costs=costs, **options)
+        return require_stage_bound(generated)
+    if not isinstance(schedule, Schedule):
+        raise ValueError(f"schedule must be a name from bubbleless_schedules.available() or a Schedule, got {schedule!r}")
+    require_stage_bound(schedule)
     if schedule.num_ranks != num_ranks:
         raise ValueError(
             f"schedule {schedule.name!r} is for {schedule.num_ranks} ranks but the pipeline group has {num_ranks}; "
@@ -71,17 +91,39 @@ def _resolve_schedule(schedule, *, num_ranks, num_microbatches, costs, options) 
     return schedule
 
 
-def _split(batch, num_microbatches: int, what: str, device) -> list:
-    """``batch`` (a Tensor or a tuple/list of Tensors) cut into equal micro-batches along dim 0."""
-    tensors = batch if isinstance(batch, (tuple, list)) else (batch,)
+def _tensors_of(batch, what: str) -> tuple:
+    tensors = tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
     if not tensors or not all(isinstance(t, torch.Tensor) and t.dim() > 0 for t in tensors):
         raise ValueError(f"{what} must be a Tensor or a tuple of Tensors with a batch dimension first")
-    for t in tensors:
-        if t.shape[0] % num_microbatches:
-            raise ValueError(
-                f"{what} has batch size {t.shape[0]}, which {num_microbatches} micro-batches do not divide; "
-                f"use a batch size that is a multiple of {num_microbatches} or change num_microbatches"
-            )
+    return tensors
+
+
+def _check_batch(inputs, targets, num_microbatches: int) -> None:
+    """Every input and target tensor has the same batch size (dim 0), which the micro-batches divide.
+
+    Checked on every rank before any communication: a mismatch found later (the targets meet the outputs
+    in the loss, on the last rank only) would fail there while the other ranks wait for it."""
+    named = [(f"inputs[{i}]", t) for i, t in enumerate(_tensors_of(inputs, "inputs"))]
+    named += [(f"targets[{i}]", t) for i, t in enumerate(_tensors_of(targets, "targets"))]
+    sizes = {name: t.shape[0] for name, t in named}
+    if len(set(sizes.values())) > 1:
+        listed = ", ".join(f"{name} {size}" for name, size in sizes.items())
+        raise ValueError(
+            f"inputs and targets must have the same batch size (dim 0), got {listed}; "
+            "pass one target row per input row"
+        )
+    size = next(iter(sizes.values()))
+    if size % num_microbatches:
+        raise ValueError(
+            f"batch size {size} is not divisible by {num_microbatches} micro-batches; "
+            f"use a batch size that is a multiple of {num_microbatches} or change num_microbatches"
+        )
+
+
+def _split(batch, num_microbatches: int, device) -> list:
+    """``batch`` (a Tensor or a tuple/list of Tensors, checked by ``_check_batch``) cut into equal
+    micro-batches along dim 0."""
+    tensors = batch if isinstance(batch, (tuple, list)) else (batch,)
     chunks = [t.to(device).chunk(num_microbatches) for t in tensors]
     if isinstance(batch, (tuple, list)):
         return [tuple(c[m] for c in chunks) for m in range(num_microbatches)]
@@ -102,6 +144,10 @@ class Pipeline:
     same way, for the schedule's placement, under ``memory_cap`` bytes per stage (per rank for a V) when
     given (``auto_partition`` says why). ``partition`` keeps the sizes used; ``profile`` and
     ``stage_costs`` (per-stage simulator ``Costs``, ms) are set with ``"auto"``, else None.
+
+    ``trace``: keep each step's compute spans on this rank (free: the executor times its actions anyway)
+    so that ``last_timeline`` can gather them; False leaves ``last_timeline`` None. A step never
+    communicates for the trace; reading ``last_timeline`` does, once per step (see there).
     """
 
     def __init__(
@@ -162,7 +208,8 @@ class Pipeline:
         self.group = group  # None: the default group
         self.holds_loss = self.schedule.stage_to_rank[-1] == self.rank
         self.lowered = _lower(self.schedule)
-        self.last_timeline = None
+        self._last_spans: list | None = None  # this rank's spans of the last step (trace=True)
+        self._timeline = None  # the gathered timeline of that step, once read
         self._checked: set = set()
         self._averager = None
         if data_parallel_group is not None:
@@ -191,8 +238,9 @@ class Pipeline:
 
     def step(self, inputs, targets):
         """Run the schedule over one batch; returns the summed loss on the loss-holding rank, else None."""
-        micro_inputs = _split(inputs, self.num_microbatches, "inputs", self.device)
-        micro_targets = _split(targets, self.num_microbatches, "targets", self.device)
+        _check_batch(inputs, targets, self.num_microbatches)
+        micro_inputs = _split(inputs, self.num_microbatches, self.device)
+        micro_targets = _split(targets, self.num_microbatches, self.device)
         signature = _signature(micro_inputs[0])
         if self.num_ranks > 1 and signature not in self._checked:
             self._check_ranks_agree(signature)
@@ -203,14 +251,31 @@ class Pipeline:
             self._executor.channel.wait_sends()
         if self._averager is not None:
             self._averager.finish()
-        if self.trace:
-            self.last_timeline = measured_timeline(
-                self.schedule, state.spans, distributed=self.num_ranks > 1, group=self.group,
-                rank=self.rank, timeout=self.timeout,
-            )
+        self._last_spans, self._timeline = (state.spans if self.trace else None), None
         if not self.holds_loss:
             return None
         return torch.stack([state.losses[m] for m in range(self.num_microbatches)]).sum()
+
+    @property
+    def last_timeline(self):
+        """The measured ``Timeline`` of the last step, every rank's spans (None before a step or with
+        ``trace=False``).
+
+        Collective on the pipeline group the first time it is read after a step (one all-gather; later
+        reads return the same object): every rank of the group must read it after the same step, in the
+        same order relative to the group's other collectives, e.g. right after ``step`` on every rank as
+        the CLI and the benchmarks do. A rank reading it alone waits for the others and raises
+        ``PipelineCommError`` after ``timeout``. Steps themselves never gather, so tracing costs nothing
+        until it is read.
+        """
+        if self._last_spans is None:
+            return None
+        if self._timeline is None:
+            self._timeline = measured_timeline(
+                self.schedule, self._last_spans, distributed=self.num_ranks > 1, group=self.group,
+                rank=self.rank, timeout=self.timeout,
+            )
+        return self._timeline
 
     def _check_ranks_agree(self, signature) -> None:
         """One small all-gather: every rank must run the same lowered schedule on the same batch shape."""

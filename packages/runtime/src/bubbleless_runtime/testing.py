@@ -1,6 +1,7 @@
-"""Helpers the runtime's tests and benchmarks run inside spawned ranks (importable, so ``spawn`` can
-pickle them): a tiny model that exercises every path, its unpipelined reference, and hand-written
-schedules that use the split backward and V placement before the generators for them exist.
+"""What the runtime's tests and benchmarks build on: a tiny model that exercises every path, its
+unpipelined reference, hand-written schedules (split backward, V placement, every stage on one rank),
+a tiny Hugging Face config, a one-process stand-in for ``Pipeline``, the CLI in a subprocess, and a model
+with one heavy layer for ``partition="auto"``. What runs inside spawned ranks is in ``testing_ranks``.
 
 The tiny model passes a tuple ``(hidden, aux, index)`` between layers: a float tensor, a float
 per-sample side sum (as MoE router statistics travel) and an integer tensor that carries no gradient.
@@ -10,7 +11,6 @@ Each block mixes a LayerNorm (gradient computed during I) with a Linear (gradien
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from bubbleless_schedules import Action, Kind, Schedule, available, generate, v_placement
@@ -66,6 +66,76 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got - want).abs().max() / want.abs().max().clamp_min(1e-30))
 
 
+def stages_on_one_rank(num_stages: int, num_microbatches: int = 2) -> Schedule:
+    """GPipe order with every stage on one rank: a cut (and a partition) without launching processes."""
+    forwards = [Action(s, Kind.F, m) for m in range(num_microbatches) for s in range(num_stages)]
+    backwards = [Action(s, Kind.B, m) for m in range(num_microbatches) for s in reversed(range(num_stages))]
+    return Schedule([forwards + backwards], num_stages=num_stages, num_microbatches=num_microbatches,
+                    stage_to_rank=(0,) * num_stages, name=f"{num_stages}-on-one")
+
+
+# ---- Hugging Face models, the Trainer and the CLI in tests ----
+
+
+def tiny_hf_fields(**overrides) -> dict:
+    """transformers config fields of a 2-layer Qwen3-sized model that builds and runs in milliseconds."""
+    fields = dict(
+        vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
+    )  # fmt: skip
+    return {**fields, **overrides}
+
+
+class SequentialPipeline:
+    """One process holding every layer, with the ``Pipeline`` interface the Trainer uses: each micro-batch
+    (along dim 0) runs forward and backward in turn and the losses are summed, exactly the gradients
+    every real schedule must reproduce."""
+
+    holds_loss = True
+    partition = None  # not cut: a checkpoint of it records no stage sizes
+
+    def __init__(self, layers, loss_fn, num_microbatches: int) -> None:
+        self.modules = nn.ModuleList(layers)
+        self.loss_fn, self.num_microbatches = loss_fn, num_microbatches
+
+    def parameters(self):
+        return self.modules.parameters()
+
+    def step(self, inputs, targets):
+        total = 0.0
+        for x, y in zip(inputs.chunk(self.num_microbatches), targets.chunk(self.num_microbatches), strict=True):
+            for layer in self.modules:
+                x = layer(x)
+            loss = self.loss_fn(x, y)
+            loss.backward()
+            total = total + loss.detach()
+        return total
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for tests that set up their own process group)."""
+    from .launch import _free_port
+
+    return _free_port()
+
+
+def run_cli(args: list[str], *, timeout: float = 300, torchrun_nproc: int | None = None):
+    """``bubbleless`` with ``args`` in a fresh interpreter (one thread per process, no downloads); under
+    ``torchrun --standalone --nproc-per-node torchrun_nproc -m bubbleless_runtime.cli`` when given.
+    Returns the ``subprocess.CompletedProcess``."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    if torchrun_nproc is None:
+        command = [sys.executable, "-c", f"from bubbleless_runtime.cli import main; raise SystemExit(main({args!r}))"]
+    else:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={torchrun_nproc}",
+                   "-m", "bubbleless_runtime.cli", *args]
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
+
+
 def split_1f1b(num_ranks: int, num_microbatches: int) -> Schedule:
     """1F1B with each B split into I and a W run one slot later (and the rest at the end)."""
     base = generate("1f1b", num_ranks=num_ranks, num_microbatches=num_microbatches)
@@ -114,149 +184,28 @@ def schedules_to_check(num_ranks: int, num_microbatches: int) -> dict:
     return {"schedules": found, "skipped": skipped}
 
 
-def check_against_unpipelined(rank: int, num_microbatches: int, steps: int = 2) -> dict:
-    """In each rank: run every schedule for ``steps`` steps and compare loss and gradients with the
-    unpipelined model. Returns {name: (max relative gradient error, loss error or None)} and skips."""
-    from .pipeline import Pipeline
+# ---- partition="auto": a model with one layer about twenty times heavier than the others ----
 
-    torch.set_num_threads(1)
-    num_ranks = dist.get_world_size()
-    found = schedules_to_check(num_ranks, num_microbatches)
-    results = {}
-    inputs, targets = tiny_batch(2 * num_microbatches)
-    for index, (name, schedule) in enumerate(found["schedules"].items()):
-        num_layers = schedule.num_stages + 1  # one uneven stage
-        model, ref = tiny_model(num_layers), tiny_model(num_layers)
-        ref_loss, ref_grads = reference_grads(ref, inputs, targets, num_microbatches)
-        pipe = Pipeline(model, schedule=schedule, num_microbatches=num_microbatches, loss_fn=tiny_loss, timeout=60,
-                        prefetch=index % 3)  # receives posted 0, 1 or 2 compute actions ahead
-        worst, loss_error = 0.0, None
-        for _ in range(steps):
-            model.zero_grad(set_to_none=True)
-            loss = pipe.step(inputs, targets)
-            if loss is not None:
-                loss_error = abs(float(loss) - float(ref_loss)) / abs(float(ref_loss))
-        owned = {id(p) for p in pipe.parameters()}
-        for n, p in model.named_parameters():
-            if id(p) in owned:
-                worst = max(worst, relative_error(p.grad, ref_grads[n]))
-        timeline = pipe.last_timeline
-        results[name] = {
-            "grad_error": worst, "loss_error": loss_error, "holds_loss": pipe.holds_loss,
-            "spans": len(timeline.spans), "expected_spans": sum(len(r) for r in schedule.actions),
-        }
-    return {"results": results, "skipped": found["skipped"]}
+HEAVY_WIDTH = 16
+"""Width of the heavy model's activations: a 16 -> 16384 -> 16 MLP among 16 -> 16 linears, so the profiled
+cut differs from the even one whatever the machine's noise."""
 
 
-def survive_a_dead_rank(rank: int, victim: int, timeout: float, out_dir: str) -> dict:
-    """One good step, then ``victim`` dies (os._exit) and every other rank must raise within ``timeout``."""
-    import json
-    import os
-    import time
-
-    from .comm import PipelineCommError
-    from .pipeline import Pipeline
-
-    torch.set_num_threads(1)
-    num_ranks = dist.get_world_size()
-    model = tiny_model(num_ranks + 1)
-    pipe = Pipeline(model, schedule="1f1b", num_microbatches=2 * num_ranks, loss_fn=tiny_loss, timeout=timeout)
-    inputs, targets = tiny_batch(4 * num_ranks)
-    pipe.step(inputs, targets)
-    dist.barrier()
-    if rank == victim:
-        os._exit(17)
-    started = time.monotonic()
-    report = {"rank": rank, "error": None, "type": None}
-    try:
-        pipe.step(inputs, targets)
-    except PipelineCommError as exc:
-        report.update(error=str(exc), type=type(exc).__name__)
-    report["elapsed"] = time.monotonic() - started
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(report, f)
-    return report
+def heavy_model(num_layers: int, heavy_at: int, seed: int = 0) -> nn.Sequential:
+    """Small tanh layers with one wide MLP at ``heavy_at``."""
+    torch.manual_seed(seed)
+    layers = [
+        nn.Sequential(nn.Linear(HEAVY_WIDTH, 16384), nn.Tanh(), nn.Linear(16384, HEAVY_WIDTH)) if i == heavy_at
+        else nn.Sequential(nn.Linear(HEAVY_WIDTH, HEAVY_WIDTH), nn.Tanh())
+        for i in range(num_layers)
+    ]
+    return nn.Sequential(*layers)
 
 
-def disagree_on_schedule(rank: int) -> str:
-    """Rank 1 passes another schedule than the others: every rank must raise ValueError, none hang."""
-    from .pipeline import Pipeline
-
-    torch.set_num_threads(1)
-    num_ranks = dist.get_world_size()
-    name = "gpipe" if rank == 1 else "1f1b"
-    pipe = Pipeline(tiny_model(num_ranks), schedule=name, num_microbatches=num_ranks, loss_fn=tiny_loss, timeout=20)
-    try:
-        pipe.step(*tiny_batch(2 * num_ranks))
-    except ValueError as exc:
-        return str(exc)
-    return "no error"
+def sum_mse(output, target):
+    return nn.functional.mse_loss(output, target, reduction="sum")
 
 
-def bad_input_then_good_step(rank: int) -> list[str]:
-    """Every bad argument raises ValueError locally on every rank; a good step still runs afterwards,
-    which shows no rank had started communicating."""
-    from .pipeline import Pipeline
-
-    torch.set_num_threads(1)
-    num_ranks = dist.get_world_size()
-    model = tiny_model(num_ranks + 1)
-    inputs, targets = tiny_batch(2 * num_ranks)
-    ok = dict(schedule="1f1b", num_microbatches=num_ranks, loss_fn=tiny_loss, timeout=20)
-    attempts = {
-        "ranks": lambda: Pipeline(model, **{**ok, "schedule": generate("1f1b", num_ranks=num_ranks + 1,
-                                                                          num_microbatches=num_ranks)}),
-        "loss": lambda: Pipeline(model, **{**ok, "loss_fn": None}),
-        "cut": lambda: Pipeline(tiny_model(num_ranks - 1 or 1), **ok) if num_ranks > 1 else None,
-        "partition": lambda: Pipeline(model, **ok, partition=[1] * num_ranks),
-        "batch": lambda: Pipeline(model, **ok).step(*tiny_batch(2 * num_ranks + 1)),
-    }
-    messages = []
-    for attempt in attempts.values():
-        try:
-            attempt()
-        except ValueError as exc:
-            messages.append(str(exc))
-        else:
-            messages.append("no error")
-    Pipeline(model, **ok).step(inputs, targets)
-    return messages
-
-
-def data_parallel_2x2(rank: int, names: list[str]) -> dict:
-    """4 ranks: pipelines {0,1} and {2,3}, replicas {0,2} and {1,3}, each replica on its own data.
-    Gradients must equal the mean over replicas of the unpipelined model's."""
-    from .pipeline import Pipeline
-
-    torch.set_num_threads(1)
-    pipelines = [dist.new_group([0, 1]), dist.new_group([2, 3])]
-    replicas = [dist.new_group([0, 2]), dist.new_group([1, 3])]
-    replica, stage_rank = divmod(rank, 2)
-    num_microbatches = 4
-    errors = {}
-    for name in names:
-        schedule = generate(name, num_ranks=2, num_microbatches=num_microbatches)
-        num_layers = schedule.num_stages + 1
-        model = tiny_model(num_layers)
-        batches = [tiny_batch(8, seed=10 + r) for r in range(2)]
-        per_replica = [reference_grads(tiny_model(num_layers), x, y, num_microbatches)[1] for x, y in batches]
-        pipe = Pipeline(model, schedule=schedule, num_microbatches=num_microbatches, loss_fn=tiny_loss,
-                        group=pipelines[replica], data_parallel_group=replicas[stage_rank], timeout=60)
-        model.zero_grad(set_to_none=True)
-        pipe.step(*batches[replica])
-        owned = {id(p) for p in pipe.parameters()}
-        worst = 0.0
-        for n, p in model.named_parameters():
-            if id(p) in owned:
-                want = (per_replica[0][n] + per_replica[1][n]) / 2
-                worst = max(worst, relative_error(p.grad, want))
-                assert relative_error(per_replica[0][n], want) > 1e-3  # the replicas' data really differ
-        errors[name] = worst
-    return errors
-
-
-def fail_on_rank(rank: int, failing: int | None) -> int:
-    """Returns the rank, or raises KeyError on rank ``failing`` (to test exception propagation)."""
-    if rank == failing:
-        raise KeyError("broken on purpose")
-    return rank
+def heavy_batch(batch: int, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(batch, HEAVY_WIDTH, generator=g), torch.randn(batch, HEAVY_WIDTH, generator=g)

@@ -1,8 +1,9 @@
 """The measured timeline: every rank's compute spans, gathered to every rank as one ``Timeline``.
 
 Each rank records (action, start, end) of its compute actions with the wall clock (``time.time``, so
-spans from several machines line up as well as their clocks do). One fixed-size all-gather per step
-brings them together: each rank's action count is known from the schedule, so no sizes are exchanged.
+spans from several machines line up as well as their clocks do). One fixed-size all-gather brings a
+step's spans together, only when someone asks for the timeline (``Pipeline.last_timeline``): each
+rank's action count is known from the schedule, so no sizes are exchanged.
 Times are made relative to the earliest start, in seconds.
 
 A span holds all the work of its action, posting transfers and bookkeeping included, and leaves out

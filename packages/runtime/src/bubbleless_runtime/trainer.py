@@ -5,10 +5,8 @@ parameters held by several ranks (a tied embedding / LM head), unscales and chec
 clips by the global norm over all ranks, and steps the optimizer and the learning-rate schedule.
 Each rank's optimizer holds only the parameters of its own stages.
 
-Loss scaling lives in ``ScaledLoss``, the ``loss_fn`` handed to the pipeline: the executor calls
-``backward`` itself, so the only place to multiply the loss (by 1/micro-batches for a mean, and by the
-fp16 loss scale) is the loss function. The fp16 scaler is our own, not ``torch.amp.GradScaler``,
-because overflow must be agreed on by all ranks (all-reduce) or they would step different optimizers.
+Loss scaling lives in ``loss_scaling.py`` (``ScaledLoss`` is the ``loss_fn`` handed to the pipeline,
+``DynamicLossScaler`` the fp16 scaler all ranks agree on) and checkpoint files in ``checkpoint.py``.
 """
 
 from __future__ import annotations
@@ -25,69 +23,36 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from . import checkpoint
+from .collectives import all_reduce, is_distributed
+from .loss_scaling import DynamicLossScaler, ScaledLoss
 
-class ScaledLoss:
-    """``loss_fn(output, target) * factor``; the Trainer sets ``factor`` before each pipeline step."""
-
-    def __init__(self, loss_fn: Callable) -> None:
-        if not callable(loss_fn):
-            raise ValueError("loss_fn must be callable: loss_fn(output, target) -> scalar tensor")
-        self.loss_fn = loss_fn
-        self.factor = 1.0
-
-    def __call__(self, output, target) -> torch.Tensor:
-        return self.loss_fn(output, target) * self.factor
+__all__ = [
+    "AUTOCAST_DTYPES", "OPTIMIZERS", "DynamicLossScaler", "ScaledLoss", "StepStats", "Trainer", "build_optimizer",
+    "seed_everything", "warmup_cosine",
+]
 
 
 @dataclass(frozen=True)
 class StepStats:
-    """What one optimizer step did (``loss`` is the mean per-micro-batch loss, the same on every rank)."""
+    """What one optimizer step did; every field but ``seconds`` is the same on every rank."""
 
     step: int
+    """The trainer's step count after this step (1 for the first step of a fresh run)."""
     loss: float
+    """Mean loss per micro-batch over the step's ``grad_accum`` pipeline steps, unscaled (taken from the
+    rank holding the last stage and shared with every rank)."""
     grad_norm: float
+    """Global L2 norm of the gradients over all ranks before clipping (each parameter counted once);
+    NaN when the step was skipped."""
     lr: float
+    """Learning rate the optimizer stepped with (the first parameter group's)."""
     tokens: int
+    """Input tokens (elements of the input tensors) this rank fed to its pipeline steps."""
     seconds: float
+    """Wall-clock seconds of the whole optimizer step on this rank."""
     skipped: bool
-
-
-class DynamicLossScaler:
-    """fp16 loss scaling: halve on overflow (step skipped on all ranks), double after a run of good steps."""
-
-    def __init__(self, *, initial_scale: float = 2.0**16, growth_interval: int = 200, enabled: bool = True):
-        self.scale = initial_scale if enabled else 1.0
-        self.growth_interval = growth_interval
-        self.enabled = enabled
-        self.good_steps = 0
-
-    def unscale_and_check(self, params: Sequence[nn.Parameter], group) -> bool:
-        """Divide grads by the scale; True if any rank found inf/nan (then the step must be skipped)."""
-        if not self.enabled:
-            return False
-        overflow = torch.zeros(())
-        for p in params:
-            if p.grad is not None:
-                p.grad.mul_(1.0 / self.scale)
-                if not torch.isfinite(p.grad).all():
-                    overflow.fill_(1.0)
-        _all_reduce(overflow, dist.ReduceOp.MAX, group)
-        found = bool(overflow.item())
-        if found:
-            self.scale /= 2.0
-            self.good_steps = 0
-        else:
-            self.good_steps += 1
-            if self.good_steps == self.growth_interval:
-                self.scale *= 2.0
-                self.good_steps = 0
-        return found
-
-    def state_dict(self) -> dict:
-        return {"scale": self.scale, "good_steps": self.good_steps}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.scale, self.good_steps = state["scale"], state["good_steps"]
+    """True when fp16 gradients overflowed on some rank, so no rank stepped its optimizer or schedule."""
 
 
 # precision name -> autocast dtype (None: no autocast)
@@ -214,7 +179,7 @@ class Trainer:
         held = {id(p) for p in self.params}
         parts = [p.grad if id(p) in held and p.grad is not None else torch.zeros_like(p) for p in self.shared]
         flat = torch.cat([part.flatten() for part in parts])
-        _all_reduce(flat, dist.ReduceOp.SUM, self.group)
+        all_reduce(flat, dist.ReduceOp.SUM, self.group)
         offset = 0
         for p in self.shared:
             if id(p) in held:
@@ -227,7 +192,7 @@ class Trainer:
         for p in self.norm_owned:
             if p.grad is not None:
                 squares += p.grad.detach().double().pow(2).sum().cpu()
-        _all_reduce(squares, dist.ReduceOp.SUM, self.group)
+        all_reduce(squares, dist.ReduceOp.SUM, self.group)
         norm = float(squares.sqrt())
         if self.max_grad_norm > 0 and norm > self.max_grad_norm:
             coef = self.max_grad_norm / (norm + 1e-6)
@@ -239,73 +204,26 @@ class Trainer:
     def _loss_everywhere(self, local: float) -> float:
         """The loss from the rank holding the last stage, on every rank (for logging on rank 0)."""
         value = torch.tensor(local if self.pipeline.holds_loss else 0.0, dtype=torch.float64)
-        _all_reduce(value, dist.ReduceOp.SUM, self.group)
+        all_reduce(value, dist.ReduceOp.SUM, self.group)
         return float(value)
 
-    # ---- checkpoints: one file per rank with everything this rank owns ----
+    # ---- checkpoints: one file per rank with everything this rank owns (see checkpoint.py) ----
 
     def state_dict(self) -> dict:
-        return {
-            "params": [p.detach().cpu().clone() for p in self.params],
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict(),
-            "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
-            "step": self.step,
-            "data_position": self.data_position,
-        }
+        """Everything this rank needs to resume exactly, including the stage sizes it was cut into."""
+        return checkpoint.capture(self)
 
     def load_state_dict(self, state: dict) -> None:
-        if len(state["params"]) != len(self.params):
-            raise ValueError(
-                f"checkpoint holds {len(state['params'])} parameters for this rank but it trains "
-                f"{len(self.params)}; resume with the same model, schedule, partition and rank count"
-            )
-        with torch.no_grad():
-            for p, saved in zip(self.params, state["params"], strict=True):
-                if p.shape != saved.shape:
-                    raise ValueError(f"checkpoint parameter shape {tuple(saved.shape)} != {tuple(p.shape)}")
-                p.copy_(saved)
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.scheduler is not None and state["scheduler"] is not None:
-            self.scheduler.load_state_dict(state["scheduler"])
-        self.scaler.load_state_dict(state["scaler"])
-        torch.set_rng_state(state["rng"]["torch"])
-        random.setstate(state["rng"]["python"])
-        self.step, self.data_position = state["step"], state["data_position"]
+        """Restore ``state_dict()``; ValueError when it was cut differently or holds other parameters."""
+        checkpoint.restore(self, state)
 
     def save(self, directory: str | os.PathLike) -> str:
         """Write ``directory/rank<global rank>.pt`` on every rank (call on all ranks)."""
-        os.makedirs(directory, exist_ok=True)
-        torch.save(self.state_dict(), os.path.join(directory, f"rank{_global_rank():05d}.pt"))
-        _barrier(self.group)
-        return str(directory)
+        return checkpoint.save(self.state_dict(), directory, self.group)
 
     def load(self, directory: str | os.PathLike) -> None:
-        path = os.path.join(directory, f"rank{_global_rank():05d}.pt")
-        if not os.path.isfile(path):
-            raise ValueError(
-                f"no checkpoint for this rank at {path}; resume with the rank count that saved it"
-            )
-        self.load_state_dict(torch.load(path, weights_only=False))
-
-
-def _distributed() -> bool:
-    return dist.is_available() and dist.is_initialized()
-
-
-def _global_rank() -> int:
-    return dist.get_rank() if _distributed() else 0
-
-
-def _all_reduce(tensor: torch.Tensor, op, group) -> None:
-    if _distributed():
-        dist.all_reduce(tensor, op=op, group=group)
-
-
-def _barrier(group) -> None:
-    if _distributed():
-        dist.barrier(group=group)
+        """Load this rank's file of a checkpoint written by ``save``."""
+        self.load_state_dict(checkpoint.load(directory))
 
 
 def _shared_parameters(layers, params, group) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
@@ -321,7 +239,7 @@ def _shared_parameters(layers, params, group) -> tuple[list[nn.Parameter], list[
         for p in layer.parameters():
             positions.setdefault(id(p), len(positions))
     mine = sorted({positions[id(p)] for p in params if id(p) in positions})
-    if not _distributed():
+    if not is_distributed():
         return [], list(params)
     everyone: list = [None] * dist.get_world_size(group)
     dist.all_gather_object(everyone, mine, group=group)

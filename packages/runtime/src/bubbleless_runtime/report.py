@@ -1,0 +1,110 @@
+"""What ``bubbleless train`` reports when a run ends: the ``RunResult`` of a rank and rank 0's summary.
+
+The measured bubble rate comes from the run's own trace (``Pipeline.last_timeline``, the last step on
+every rank); the simulator's is the same schedule under costs calibrated from that step
+(``trace.calibrated_costs``), so the two differ only by where the time went.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from statistics import mean
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What a finished run reports (rank 0 prints it)."""
+
+    losses: list[float]
+    """Mean per-micro-batch loss of every optimizer step this run took, in order (empty when the run
+    resumed from a checkpoint already at ``train.steps``)."""
+    tokens_per_second: float
+    """Input tokens per second over the steps after the first (which pays one-off setup); NaN when no
+    step ran."""
+    measured_bubble_rate: float
+    """Idle share of the whole makespan in the last step's measured timeline, over all ranks; NaN when no
+    step ran."""
+    predicted_bubble_rate: float
+    """The simulator's bubble rate for the same schedule under costs calibrated from that step; NaN when
+    no step ran."""
+    timeline_png: str | None
+    """Path of the measured timeline drawn as a PNG (rank 0; None without matplotlib or steps)."""
+    chrome_trace: str | None
+    """Path of the measured timeline as a Chrome/Perfetto trace (rank 0; None when no step ran)."""
+    checkpoint: str | None
+    """Directory of the checkpoint written at the end of the run, if one was."""
+    adapter: str | None
+    """Directory of the saved LoRA adapter (``lora.enabled`` only)."""
+    step: int = 0
+    """The trainer's step count when the run ended (the checkpoint's step when nothing ran)."""
+
+
+def measured_costs(timeline):
+    """Simulator ``Costs`` (seconds) calibrated from a measured timeline: per-stage mean F, I, W
+    durations and the measured transfer latency as ``comm`` (see ``trace.calibrated_costs``)."""
+    from .trace import calibrated_costs
+
+    return calibrated_costs(timeline)
+
+
+def finish(rank, pipeline, losses, tokens_per_second, out, checkpoint, adapter, step) -> RunResult:
+    """The run's result on this rank. Reads ``pipeline.last_timeline``, a collective: call on every rank."""
+    timeline = pipeline.last_timeline
+    png = trace = None
+    measured = predicted = float("nan")
+    if timeline is not None:
+        measured = timeline.bubble_rate
+        predicted = pipeline.predicted_timeline(measured_costs(timeline)).bubble_rate
+        if rank == 0:
+            png, trace = write_pictures(timeline, out)
+    return RunResult(losses, tokens_per_second, measured, predicted, png, trace, checkpoint, adapter, step)
+
+
+def write_pictures(timeline, out: str) -> tuple[str | None, str | None]:
+    """(PNG path, Chrome trace path) of ``timeline`` under ``out``; a part whose extra is missing is None."""
+    os.makedirs(out, exist_ok=True)
+    png = trace = None
+    try:
+        from bubbleless_schedules.trace import write_trace
+
+        trace = str(write_trace(timeline, os.path.join(out, "timeline.trace.json")))
+    except ImportError:
+        pass
+    try:
+        from bubbleless_schedules.plot import plot_timeline
+
+        png = os.path.join(out, "timeline.png")
+        plot_timeline(timeline, png)
+    except ImportError:  # matplotlib missing: the trace is still written
+        png = None
+    return png, trace
+
+
+def report(result: RunResult, config) -> str:
+    """The closing summary printed on rank 0."""
+    if not result.losses:
+        return (
+            f"nothing to do: the checkpoint is at step {result.step} of {config.train.steps}; "
+            "raise train.steps (or --steps) to train further"
+        )
+    window = max(1, min(10, len(result.losses) // 5))
+    first, last = mean(result.losses[:window]), mean(result.losses[-window:])
+    lines = [
+        f"schedule {config.pipeline.schedule}, {config.pipeline.nproc} ranks, "
+        f"{config.pipeline.num_microbatches} micro-batches, {len(result.losses)} steps",
+        f"loss          {first:.3f} -> {last:.3f}  (mean of the first / last {window} steps)",
+        f"throughput    {result.tokens_per_second:,.0f} tokens/s",
+        f"bubble rate   measured {result.measured_bubble_rate:.1%}  |  simulator {result.predicted_bubble_rate:.1%} "
+        "(last step; simulator fed that step's per-stage F/I/W times and transfer latency; it assumes a core "
+        "per rank, so expect a gap when ranks outnumber free cores)",
+    ]
+    if result.timeline_png:
+        lines.append(f"timeline PNG  {result.timeline_png}")
+    if result.chrome_trace:
+        lines.append(f"Chrome trace  {result.chrome_trace}  (open in chrome://tracing or ui.perfetto.dev)")
+    if result.checkpoint:
+        lines.append(f"checkpoint    {result.checkpoint}")
+    if result.adapter:
+        lines.append(f"LoRA adapter  {result.adapter}")
+    return "\n".join(lines)
