@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from bubbleless_schedules import Action, Costs, Schedule, generate, peak_memory, simulate, validate
 from bubbleless_schedules.action import Kind
-from bubbleless_schedules.generators.vshape import block_tokens
+from bubbleless_schedules.generators.vshape import _peak_chunks, block_tokens
 from bubbleless_schedules.generators.vshape_blocks import as_tokens, block_orders
 from bubbleless_schedules.generators.vshape_greedy import Policy, v_list_schedule
 from bubbleless_schedules.layouts import _computes_complete, _missing_computes, layout_of
@@ -195,6 +195,15 @@ def test_block_tokens_equal_the_action_orders(p):
     for m in (1, 2, 5, 13):
         for delay in range(0, 6 * p + 2, 3):
             assert block_tokens(p, m, delay) == [as_tokens(order, p) for order in block_orders(p, m, delay)]
+
+
+@given(st.lists(st.sampled_from(["F0", "F1", "I0", "I1", "W"]), max_size=40))
+def test_peak_chunks_equals_a_running_count(tokens):
+    held = peak = 0
+    for token in tokens:
+        held += 1 if token[0] == "F" else -1 if token == "W" else 0
+        peak = max(peak, held)
+    assert _peak_chunks(tokens) == peak
 
 
 @SETTINGS

@@ -17,6 +17,8 @@ the ranks' spans. See ``vshape_greedy`` for why the cap can never deadlock.
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 from ..action import Kind
 from ..costs import Costs
 from ..placement import v_placement
@@ -135,12 +137,12 @@ def block_tokens(p: int, m: int, delay: int) -> list[list[str]]:
     return [[row[slot] for slot in sorted(row)] for row in by_slot]
 
 
+_CHUNKS_HELD = {"F0": 1, "F1": 1, "I0": 0, "I1": 0, "W": -1}
+"""What each script token adds to a rank's chunk activations (I frees nothing: an upper bound)."""
+
+
 def _peak_chunks(tokens: list[str]) -> int:
-    held = peak = 0
-    for token in tokens:
-        held += 1 if token[0] == "F" else -1 if token == "W" else 0
-        peak = max(peak, held)
-    return peak
+    return max(accumulate(map(_CHUNKS_HELD.__getitem__, tokens), initial=0))
 
 
 def search_v_schedule(
@@ -151,12 +153,12 @@ def search_v_schedule(
     best: GreedyResult | None = None
     spent, per_try = 0, 6 * p * m
     for scripts, policy in _candidates(p, m, cap_chunks):
-        if best is not None and spent + per_try > _SEARCH_BUDGET:
-            break
         result = v_list_schedule(p, m, costs, cap_chunks, policy, input_grad_frees, scripts)
         spent += per_try
         if result is not None and result.peak_chunks <= cap_chunks + 1e-9 and _better(result, best):
             best = result
+        if best is not None and spent + per_try > _SEARCH_BUDGET:
+            break  # before the next candidate is built: scripts for large shapes take time to write
     assert best is not None, "the unscripted list scheduler always finishes"
     return best
 

@@ -166,7 +166,8 @@ def v_list_schedule(
                 cand["F0"] = (f_done[s0 - 1][k] + comm_down[s0], s0)
         if pending_w[r]:
             cand["W"] = (now, -1)
-        ready = {k: v for k, v in cand.items() if v[0] <= now + eps}
+        horizon = now + eps
+        ready = {key for key, (t, _) in cand.items() if t <= horizon}  # membership is all it is asked
         if script:
             if script[0] == "W" and not pending_w[r]:
                 script.popleft()  # its W was already run to fill a gap

@@ -77,13 +77,15 @@ def run_greedy(num_ranks: int, num_microbatches: int, costs: Costs, policy: Gree
     orders: list[Order] = [[] for _ in range(p)]
     heap = [(0.0, r, 0) for r in range(p)]
     makespan = 0.0
+    push, pop = heapq.heappush, heapq.heappop  # local names: this loop runs once per action and wait
+    ahead, w_fit, kind_f, kind_i, kind_w = policy.ahead, policy.w_only_if_it_fits, Kind.F, Kind.I, Kind.W
 
     def wake(rank: int, at: float) -> None:
         if waiting[rank]:
-            heapq.heappush(heap, (max(at, free[rank]), rank, version[rank]))
+            push(heap, (max(at, free[rank]), rank, version[rank]))
 
     while heap:
-        t, r, ver = heapq.heappop(heap)
+        t, r, ver = pop(heap)
         if ver != version[r]:
             continue
         k_i, k_f = ni[r], nf[r]
@@ -94,25 +96,23 @@ def run_greedy(num_ranks: int, num_microbatches: int, costs: Costs, policy: Gree
                 i_arrival = max(i_arrival, i_end[r + 1][k_i] + comm)
         held = k_f - g * k_i - (1.0 - g) * nw[r]
         f_arrival = INF
-        if k_f < m and k_f - k_i < policy.ahead[r] and held + 1.0 <= limit:
+        if k_f < m and k_f - k_i < ahead[r] and held + 1.0 <= limit:
             f_arrival = 0.0 if r == 0 else f_end[r - 1][k_f] + comm
         if i_arrival <= t:
-            kind, start, mb = Kind.I, max(free[r], i_arrival), k_i
+            kind, start, mb = kind_i, max(free[r], i_arrival), k_i
         elif f_arrival <= t:
-            kind, start, mb = Kind.F, max(free[r], f_arrival), k_f
-        elif nw[r] < k_i and (
-            not policy.w_only_if_it_fits or free[r] + cw[r] <= min(i_arrival, f_arrival) + _EPS
-        ):
-            kind, start, mb = Kind.W, free[r], nw[r]  # its I ran on this rank, so W can start at once
+            kind, start, mb = kind_f, max(free[r], f_arrival), k_f
+        elif nw[r] < k_i and (not w_fit or free[r] + cw[r] <= min(i_arrival, f_arrival) + _EPS):
+            kind, start, mb = kind_w, free[r], nw[r]  # its I ran on this rank, so W can start at once
         else:
             waiting[r] = True
             nxt = min(i_arrival, f_arrival)
             if nxt < INF:
-                heapq.heappush(heap, (nxt, r, ver))
+                push(heap, (nxt, r, ver))
             continue
         waiting[r] = False
         version[r] += 1
-        if kind is Kind.F:
+        if kind is kind_f:
             end = start + cf[r]
             f_end[r][mb] = end
             nf[r] += 1
@@ -121,7 +121,7 @@ def run_greedy(num_ranks: int, num_microbatches: int, costs: Costs, policy: Gree
                 peak[r] = held
             if r < last:
                 wake(r + 1, end + comm)
-        elif kind is Kind.I:
+        elif kind is kind_i:
             end = start + ci[r]
             i_end[r][mb] = end
             ni[r] += 1
@@ -135,7 +135,7 @@ def run_greedy(num_ranks: int, num_microbatches: int, costs: Costs, policy: Gree
         if end > makespan:
             makespan = end
         if nw[r] < m:
-            heapq.heappush(heap, (end, r, version[r]))
+            push(heap, (end, r, version[r]))
     if any(n < m for n in nw):  # pragma: no cover - an internal invariant, not user input
         raise AssertionError(f"greedy scheduler stalled with W counts {nw} of {m}")
     return GreedyResult(tuple(orders), makespan, max(round(x, 9) for x in peak))
