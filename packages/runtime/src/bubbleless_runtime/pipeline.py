@@ -24,6 +24,7 @@ from bubbleless_schedules.layouts import is_lowered
 
 from . import stages as stages_mod
 from .auto_partition import auto_cut, stage_costs
+from .batches import check_batch, signature_of, split_batch
 from .comm import Channel, PipelineCommError, wait_collective
 from .data_parallel import GradientAverager
 from .executor import Executor, StepState
@@ -89,50 +90,6 @@ def _resolve_schedule(schedule, *, num_ranks, num_microbatches, costs, options) 
             f"{num_microbatches}; pass num_microbatches={schedule.num_microbatches}"
         )
     return schedule
-
-
-def _tensors_of(batch, what: str) -> tuple:
-    tensors = tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
-    if not tensors or not all(isinstance(t, torch.Tensor) and t.dim() > 0 for t in tensors):
-        raise ValueError(f"{what} must be a Tensor or a tuple of Tensors with a batch dimension first")
-    return tensors
-
-
-def _check_batch(inputs, targets, num_microbatches: int) -> None:
-    """Every input and target tensor has the same batch size (dim 0), which the micro-batches divide.
-
-    Checked on every rank before any communication: a mismatch found later (the targets meet the outputs
-    in the loss, on the last rank only) would fail there while the other ranks wait for it."""
-    named = [(f"inputs[{i}]", t) for i, t in enumerate(_tensors_of(inputs, "inputs"))]
-    named += [(f"targets[{i}]", t) for i, t in enumerate(_tensors_of(targets, "targets"))]
-    sizes = {name: t.shape[0] for name, t in named}
-    if len(set(sizes.values())) > 1:
-        listed = ", ".join(f"{name} {size}" for name, size in sizes.items())
-        raise ValueError(
-            f"inputs and targets must have the same batch size (dim 0), got {listed}; "
-            "pass one target row per input row"
-        )
-    size = next(iter(sizes.values()))
-    if size % num_microbatches:
-        raise ValueError(
-            f"batch size {size} is not divisible by {num_microbatches} micro-batches; "
-            f"use a batch size that is a multiple of {num_microbatches} or change num_microbatches"
-        )
-
-
-def _split(batch, num_microbatches: int, device) -> list:
-    """``batch`` (a Tensor or a tuple/list of Tensors, checked by ``_check_batch``) cut into equal
-    micro-batches along dim 0."""
-    tensors = batch if isinstance(batch, (tuple, list)) else (batch,)
-    chunks = [t.to(device).chunk(num_microbatches) for t in tensors]
-    if isinstance(batch, (tuple, list)):
-        return [tuple(c[m] for c in chunks) for m in range(num_microbatches)]
-    return list(chunks[0])
-
-
-def _signature(microbatch) -> tuple:
-    tensors = microbatch if isinstance(microbatch, tuple) else (microbatch,)
-    return tuple((tuple(t.shape), str(t.dtype)) for t in tensors)
 
 
 class Pipeline:
@@ -238,10 +195,10 @@ class Pipeline:
 
     def step(self, inputs, targets):
         """Run the schedule over one batch; returns the summed loss on the loss-holding rank, else None."""
-        _check_batch(inputs, targets, self.num_microbatches)
-        micro_inputs = _split(inputs, self.num_microbatches, self.device)
-        micro_targets = _split(targets, self.num_microbatches, self.device)
-        signature = _signature(micro_inputs[0])
+        check_batch(inputs, targets, self.num_microbatches)
+        micro_inputs = split_batch(inputs, self.num_microbatches, self.device)
+        micro_targets = split_batch(targets, self.num_microbatches, self.device)
+        signature = signature_of(micro_inputs[0])
         if self.num_ranks > 1 and signature not in self._checked:
             self._check_ranks_agree(signature)
             self._checked.add(signature)
