@@ -31,6 +31,7 @@ from torch import nn
 from bubbleless_partition import LayerCost, Partition, Profile, cut, price_pipeline, profile
 from bubbleless_schedules import Costs, Schedule, simulate, v_placement
 
+from .collectives import backend_device
 from .comm import wait_collective
 from .stages import stage_sizes
 
@@ -173,14 +174,14 @@ def _device_of(layers) -> torch.device:
 def _share(measured: Profile | None, num_layers: int, *, rank, num_ranks, group, data_parallel_group,
            timeout) -> tuple[Profile, bool]:
     """Rank 0's profile on every rank of the pipeline, then replica 0's on every replica."""
-    buffer = _encode(measured, num_layers)
+    buffer = _encode(measured, num_layers).to(backend_device(group))
     if num_ranks > 1:
         _broadcast(buffer, group, timeout, rank, "sharing rank 0's layer profile")
     ok = buffer[0].item() == _OK
     if data_parallel_group is not None:
         _broadcast(buffer, data_parallel_group, timeout, rank, "sharing replica 0's layer profile")
         ok = ok and buffer[0].item() == _OK
-    return (_decode(buffer) if ok else None), ok
+    return (_decode(buffer.cpu()) if ok else None), ok
 
 
 def _broadcast(buffer: torch.Tensor, group, timeout: float, rank: int, what: str) -> None:

@@ -14,9 +14,24 @@ def global_rank() -> int:
     return dist.get_rank() if is_distributed() else 0
 
 
+def backend_device(group=None) -> torch.device:
+    """Where a collective's tensors must live: NCCL (and RCCL, which reports itself as NCCL) takes only
+    tensors on the current GPU; gloo takes CPU tensors."""
+    if is_distributed() and dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def all_reduce(tensor: torch.Tensor, op, group) -> None:
+    """In-place all-reduce of ``tensor`` wherever it lives (moved to the backend's device and back)."""
     if is_distributed():
-        dist.all_reduce(tensor, op=op, group=group)
+        device = backend_device(group)
+        if tensor.device == device:
+            dist.all_reduce(tensor, op=op, group=group)
+        else:
+            moved = tensor.to(device)
+            dist.all_reduce(moved, op=op, group=group)
+            tensor.copy_(moved)
 
 
 def barrier(group) -> None:

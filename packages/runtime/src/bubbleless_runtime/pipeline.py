@@ -25,6 +25,7 @@ from bubbleless_schedules.layouts import is_lowered
 from . import stages as stages_mod
 from .auto_partition import auto_cut, stage_costs
 from .batches import check_batch, signature_of, split_batch
+from .collectives import backend_device
 from .comm import Channel, PipelineCommError, wait_collective
 from .data_parallel import GradientAverager
 from .executor import Executor, StepState
@@ -238,7 +239,7 @@ class Pipeline:
         """One small all-gather: every rank must run the same lowered schedule on the same batch shape."""
         text = f"{self.lowered.to_text()}|{self.num_microbatches}|{signature}|{self.stage_sizes}"
         digest = int.from_bytes(hashlib.sha256(text.encode()).digest()[:7], "big")
-        mine = torch.tensor([digest], dtype=torch.int64)
+        mine = torch.tensor([digest], dtype=torch.int64, device=backend_device(self.group))
         gathered = [torch.empty_like(mine) for _ in range(self.num_ranks)]
         work = dist.all_gather(gathered, mine, group=self.group, async_op=True)
         wait_collective(work, self.timeout, "checking that all ranks run the same schedule", self.rank)

@@ -24,6 +24,7 @@ import torch.distributed as dist
 from bubbleless_schedules import Action, Costs, Kind, Schedule, Span, Timeline, peak_memory
 from bubbleless_schedules.layouts import layout_of
 
+from .collectives import backend_device
 from .comm import wait_collective
 
 _KINDS = list(Kind)
@@ -51,9 +52,11 @@ def measured_timeline(schedule: Schedule, spans, *, distributed: bool, group, ra
     if not distributed:
         gathered = [mine]
     else:
+        mine = mine.to(backend_device(group))
         gathered = [torch.empty_like(mine) for _ in range(schedule.num_ranks)]
         work = dist.all_gather(gathered, mine, group=group, async_op=True)
         wait_collective(work, timeout, "gathering the measured timeline", rank)
+        gathered = [rows.cpu() for rows in gathered]
     all_spans = [span for worker, rows in enumerate(gathered) for span in decode_spans(worker, rows)]
     origin = min((s.start for s in all_spans), default=0.0)
     shifted = tuple(Span(s.worker, s.action, s.start - origin, s.end - origin) for s in all_spans)
