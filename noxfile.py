@@ -87,6 +87,18 @@ def bench_partition(session: nox.Session) -> None:
 
 
 @nox.session
+def bench_runtime(session: nox.Session) -> None:
+    """Issue-3 figures: split-backward cost, measured vs simulated bubble, step time vs torch.distributed.pipelining.
+
+    Run it on a quiet machine with a core per rank: the bubble comparison leaves out steps where another
+    process took a rank's core, and says so."""
+    _install(session)
+    session.run("python", "bench/runtime/split_cost.py", env=TEST_ENV)
+    session.run("python", "bench/runtime/bubble_fidelity.py", env=TEST_ENV)
+    session.run("python", "bench/runtime/vs_torch.py", env=TEST_ENV)
+
+
+@nox.session
 def golden(session: nox.Session) -> None:
     """Regenerate the golden schedule CSV files after an intended change."""
     _install(session, ("schedules",))
