@@ -137,7 +137,9 @@ def v_list_schedule(
         if now < free_at[r] - eps:
             continue
         s0, s1 = r, last - r
-        cand: dict[str, tuple[float, int]] = {}
+        # candidate -> when it can start; F0/I0 act on stage s0, F1/I1 on s1, "I" (the earlier I) on i_stage
+        cand: dict[str, float] = {}
+        i_stage = -1
         for key, s in (("I1", s1), ("I0", s0)):
             k = next_i[s]
             if k >= m:
@@ -150,24 +152,24 @@ def v_list_schedule(
                 if arrived < 0:
                     continue
                 t = max(t, arrived + comm_up[s])
-            cand[key] = (t, s)
-            if "I" not in cand or t < cand["I"][0] - eps:
-                cand["I"] = (t, s)
+            cand[key] = t
+            if "I" not in cand or t < cand["I"] - eps:
+                cand["I"], i_stage = t, s
         script = scripts[r]
         k = next_f[s1]  # s1 > 0: the second chunk's input always comes from stage s1-1
         if k < m and f_done[s1 - 1][k] >= 0 and (script or held[r] + 1 <= room):
-            cand["F1"] = (f_done[s1 - 1][k] + comm_down[s1], s1)
+            cand["F1"] = f_done[s1 - 1][k] + comm_down[s1]
         k = next_f[s0]
         reserve = 1 + admitted_not_up[r] if reserve_all else 1
         if k < m and (script or held[r] + 1 + reserve <= room):
             if s0 == 0:
-                cand["F0"] = (0.0, s0)
+                cand["F0"] = 0.0
             elif f_done[s0 - 1][k] >= 0:
-                cand["F0"] = (f_done[s0 - 1][k] + comm_down[s0], s0)
+                cand["F0"] = f_done[s0 - 1][k] + comm_down[s0]
         if pending_w[r]:
-            cand["W"] = (now, -1)
+            cand["W"] = now
         horizon = now + eps
-        ready = {key for key, (t, _) in cand.items() if t <= horizon}  # membership is all it is asked
+        ready = {key for key, t in cand.items() if t <= horizon}  # membership is all it is asked
         if script:
             if script[0] == "W" and not pending_w[r]:
                 script.popleft()  # its W was already run to fill a gap
@@ -178,12 +180,12 @@ def v_list_schedule(
                 choice = "W"  # fill the wait for the script's next action with a deferred W
             elif choice is None:
                 if script[0] in cand:
-                    push(events, (cand[script[0]][0], r))
+                    push(events, (cand[script[0]], r))
                 continue
             else:
                 script.popleft()
             if choice in ("I0", "I1"):
-                cand["I"], choice = cand[choice], "I"
+                cand["I"], i_stage, choice = cand[choice], s0 if choice == "I0" else s1, "I"
         else:
             choice = None
             for key in w_first_order if "W" in ready and held[r] >= w_first_at else plain_order:
@@ -192,12 +194,12 @@ def v_list_schedule(
                     break
         if patience > 0 and choice in ("W", "F0") and not script:
             w_len = w_cost[pending_w[r][0][0]] if pending_w[r] else f_cost[s0]
-            soon = [v[0] for k, v in cand.items() if k in ("I", "F1") and v[0] > now + eps]
+            soon = [t for key, t in cand.items() if key in ("I", "F1") and t > now + eps]
             if soon and min(soon) - now < patience * w_len:
                 push(events, (min(soon), r))
                 continue
         if choice is None:
-            future = [v[0] for v in cand.values() if v[0] > now + eps]
+            future = [t for t in cand.values() if t > now + eps]
             if future:
                 push(events, (min(future), r))
             continue
@@ -207,7 +209,7 @@ def v_list_schedule(
             held[r] -= 1 - g
             out[r].append(Action(s, kind_w, k))
         elif choice == "I":
-            s = cand["I"][1]
+            s = i_stage
             k = next_i[s]
             next_i[s] += 1
             end = now + i_cost[s]
@@ -218,7 +220,7 @@ def v_list_schedule(
             if s > 0:
                 push(events, (end + comm_down[s], rank_of[s - 1]))
         else:
-            s = cand[choice][1]
+            s = s0 if choice == "F0" else s1
             k = next_f[s]
             next_f[s] += 1
             end = now + f_cost[s]
