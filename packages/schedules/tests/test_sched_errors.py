@@ -85,3 +85,21 @@ def test_bad_costs_and_options(make, message):
 def test_comm_must_be_one_number():
     with pytest.raises(ValueError, match="comm must be one number"):
         Costs(1.0, 1.0, 1.0, [0.1, 0.2])
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb", "roundrobin", "auto"])
+def test_unknown_option_is_refused_naming_the_accepted_ones(name):
+    with pytest.raises(ValueError, match=r"takes no option chunk_per_rank; its options are: .*input_grad_frees"):
+        generate(name, num_ranks=2, num_microbatches=4, chunk_per_rank=3)
+
+
+def test_input_grad_frees_is_checked_once_for_every_generator():
+    with pytest.raises(ValueError, match=r"input_grad_frees is a fraction within \[0, 1\]"):
+        generate("1f1b", num_ranks=2, num_microbatches=4, input_grad_frees=1.5)
+
+
+def test_empty_csv_text_is_a_value_error_not_a_directory_read():
+    from bubbleless_schedules import Schedule
+
+    with pytest.raises(ValueError, match="must start with"):
+        Schedule.from_csv("")

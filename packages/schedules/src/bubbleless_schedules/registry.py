@@ -12,6 +12,7 @@ returns, ``generate`` validates the schedule and checks the memory limit, so no 
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 from .costs import Costs
@@ -89,20 +90,26 @@ def generate(
     costs = Costs.unit() if costs is None else costs
     if not isinstance(costs, Costs):
         raise ValueError(f"costs must be a bubbleless_schedules.Costs, got {type(costs).__name__}")
+    input_grad_frees = options.get("input_grad_frees", 0.0)
+    if not isinstance(input_grad_frees, (int, float)) or not 0.0 <= input_grad_frees <= 1.0:
+        raise ValueError(f"input_grad_frees is a fraction within [0, 1], got {input_grad_frees!r}")
+    options = _options_for(fn, canonical_name(name), options)
+
     def build(steering: Costs) -> Schedule:
         return validate(fn(
             num_ranks=num_ranks, num_microbatches=num_microbatches, costs=steering, memory_limit=memory_limit,
             **options,
         ))
 
+
     schedule = build(costs)
     if costs.heterogeneous:
         # A search steered by uneven per-stage costs can land on an order that the same search steered by
         # the median would beat; keeping the faster of the two under the true costs makes per-stage costs
         # never a loss, for every generator at once.
-        schedule = _faster(schedule, build(costs.median()), costs, options.get("input_grad_frees", 0.0))
+        schedule = _faster(schedule, build(costs.median()), costs, input_grad_frees)
     if memory_limit is not None:
-        peak = max(peak_memory(schedule, options.get("input_grad_frees", 0.0)))
+        peak = max(peak_memory(schedule, input_grad_frees))
         if peak > memory_limit + 1e-9:
             raise ValueError(
                 f"schedule {schedule.name!r} needs {peak:g} M_B of activations on its busiest rank, above "
@@ -110,6 +117,28 @@ def generate(
                 f"with a lower peak (see `bubbleless-schedules compare`)"
             )
     return schedule
+
+
+_FIXED = frozenset({"num_ranks", "num_microbatches", "costs", "memory_limit"})
+_UNIVERSAL = frozenset({"input_grad_frees"})
+"""Options every generator may be given: a generator that does not take it does not depend on it."""
+
+
+def _options_for(fn: Generator, name: str, options: dict) -> dict:
+    """The options ``fn`` takes; an option it does not take is a ValueError naming those it does.
+
+    A generator with ``**options`` checks its own; one with named keywords is checked here, so a typo
+    (``chunk_per_rank=3``) fails instead of being silently ignored.
+    """
+    parameters = inspect.signature(fn).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return options
+    accepted = {p.name for p in parameters} - _FIXED
+    unknown = sorted(set(options) - accepted - _UNIVERSAL)
+    if unknown:
+        takes = ", ".join(sorted(accepted | _UNIVERSAL))
+        raise ValueError(f"schedule {name!r} takes no option {', '.join(unknown)}; its options are: {takes}")
+    return {key: value for key, value in options.items() if key in accepted}
 
 
 def _faster(first: Schedule, second: Schedule, costs: Costs, input_grad_frees: float) -> Schedule:

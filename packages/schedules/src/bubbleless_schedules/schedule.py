@@ -138,7 +138,7 @@ class Schedule:
     def from_csv(cls, source: str | Path) -> Schedule:
         """Read CSV text, or a path to a CSV file."""
         text = source
-        if isinstance(source, Path) or (isinstance(source, str) and "\n" not in source and Path(source).exists()):
+        if isinstance(source, Path) or (isinstance(source, str) and "\n" not in source and Path(source).is_file()):
             text = Path(source).read_text()
         lines = text.splitlines()
         if not lines or not lines[0].startswith(HEADER):

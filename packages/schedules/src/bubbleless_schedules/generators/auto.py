@@ -48,7 +48,6 @@ def auto(
     costs: Costs,
     memory_limit: float | None,
     input_grad_frees: float = 0.0,
-    **_,
 ) -> Schedule:
     """The fastest registered stage-bound schedule under ``costs`` whose peak fits ``memory_limit``."""
     found = stage_bound_candidates(

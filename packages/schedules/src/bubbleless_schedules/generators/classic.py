@@ -9,7 +9,7 @@ from ..schedule import Schedule
 
 
 @register("gpipe")
-def gpipe(*, num_ranks: int, num_microbatches: int, **_) -> Schedule:
+def gpipe(*, num_ranks: int, num_microbatches: int, costs=None, memory_limit=None) -> Schedule:
     """All forwards, then all backwards: bubble (p-1)/(m+p-1), peak memory m M_B."""
     p, m = num_ranks, num_microbatches
     actions = [[F(r, i) for i in range(m)] + [B(r, i) for i in range(m)] for r in range(p)]
@@ -29,7 +29,7 @@ def one_f_one_b_order(rank: int, num_ranks: int, num_microbatches: int, warmup: 
 
 
 @register("1f1b")
-def one_f_one_b(*, num_ranks: int, num_microbatches: int, **_) -> Schedule:
+def one_f_one_b(*, num_ranks: int, num_microbatches: int, costs=None, memory_limit=None) -> Schedule:
     """Warm-up, steady one-forward-one-backward, cool-down: bubble (p-1)/(m+p-1), peak p M_B."""
     p, m = num_ranks, num_microbatches
     make = {"F": F, "B": B}

@@ -46,7 +46,7 @@ def warmup_forwards(rank: int, num_ranks: int, chunks: int, group: int) -> int:
 
 
 @register("interleaved-1f1b")
-def interleaved_1f1b(*, num_ranks: int, num_microbatches: int, chunks_per_rank: int = 2, **_) -> Schedule:
+def interleaved_1f1b(*, num_ranks: int, num_microbatches: int, chunks_per_rank: int = 2, costs=None, memory_limit=None) -> Schedule:
     """Interleaved 1F1B with ``chunks_per_rank`` (v, default 2) looped chunks per rank.
 
     Needs the micro-batches to split into equal rounds (see ``round_size``).

@@ -45,7 +45,6 @@ def roundrobin(
     forward_stages: int | Sequence[int] | None = None,
     backward_stages: int | Sequence[int] | None = None,
     weight_transfers: bool = True,
-    **_,
 ) -> Schedule:
     """Stage jobs over all micro-batches, dealt round-robin to ``num_ranks`` pool devices."""
     groups = pool_cut(

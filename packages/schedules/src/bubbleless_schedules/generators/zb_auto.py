@@ -78,7 +78,6 @@ def zb(
     costs: Costs,
     memory_limit: float | None,
     input_grad_frees: float = 0.0,
-    **_,
 ) -> Schedule:
     """The fastest split-backward schedule found under ``memory_limit`` (default p M_B) for ``costs``."""
     p, m = num_ranks, num_microbatches

@@ -52,14 +52,14 @@ def delayed_w_schedule(num_ranks: int, num_microbatches: int, warmup, lag, name:
 
 
 @register("zb-h1")
-def zb_h1(*, num_ranks: int, num_microbatches: int, **_) -> Schedule:
+def zb_h1(*, num_ranks: int, num_microbatches: int, costs=None, memory_limit=None) -> Schedule:
     """ZB-H1: 1F1B's memory (p M_B), bubble (p-1)/(3m+p-1) at unit costs for m >= p."""
     p = num_ranks
     return delayed_w_schedule(p, num_microbatches, lambda r: p - 1 - r, lambda r: r, "zb-h1")
 
 
 @register("zb-h2")
-def zb_h2(*, num_ranks: int, num_microbatches: int, **_) -> Schedule:
+def zb_h2(*, num_ranks: int, num_microbatches: int, costs=None, memory_limit=None) -> Schedule:
     """ZB-H2: peak min(2p-1, m) M_B, no idle inside any rank's span at unit costs for m >= 2p-1."""
     p = num_ranks
     return delayed_w_schedule(p, num_microbatches, lambda r: 2 * (p - 1 - r), lambda r: 2 * r, "zb-h2")
