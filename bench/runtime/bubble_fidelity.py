@@ -212,6 +212,15 @@ def main() -> None:
         "steps where another process took a rank's core are left out when enough others qualify, since the "
         "simulator assumes a core per rank (steps used says how many).",
         "",
+        "ZB-V varies most from run to run (on 2 ranks: ratio 0.69 to 0.94 on a quiet machine). Where its measured "
+        "bubble exceeds replay, tracing each receive (posted, peer's send posted, wait returned) puts the "
+        "extra waits where both ranks post a send to each other at the same moment (on 2 ranks: 0SEND_F2 and "
+        "2SEND_F0 before 3F0, 3SEND_B3 and 1SEND_B2 before 0I2); then both isends and the receive take ~4 ms "
+        "instead of ~0.1 ms, in some steps only (a step with one such stall loses ~2% of its makespan). V placement makes such crossings frequent. Not a late post "
+        "(the receives were posted ~20 ms early) nor a local hand-off: gloo itself, see the gloo-crossing-sends "
+        "section (`bench/runtime/gloo_crossing_sends.py`). The simulator's one latency per edge cannot hold "
+        "an occasional multi-ms stall that depends on two transfers' timing.",
+        "",
     ]
     text = "\n".join(lines)
     print(text)
