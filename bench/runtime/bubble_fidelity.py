@@ -34,6 +34,7 @@ from dataclasses import replace
 
 import torch
 import torch.distributed as dist
+from blocks import Block
 from record import write_section
 from torch import nn
 
@@ -44,19 +45,6 @@ from bubbleless_schedules.layouts import layout_of
 
 CASES = [("1F1B", "1f1b"), ("interleaved 1F1B", "interleaved-1f1b"), ("ZB-H1", "zb-h1"), ("ZB-V", "zbv")]
 WARMUP = 2
-
-
-class Block(nn.Module):
-    """Pre-norm MLP block: the linear-heavy shape of a transformer layer."""
-
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(width)
-        self.up = nn.Linear(width, 4 * width)
-        self.down = nn.Linear(4 * width, width)
-
-    def forward(self, x):
-        return x + self.down(nn.functional.gelu(self.up(self.norm(x))))
 
 
 def loss_fn(out, target):

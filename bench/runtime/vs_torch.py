@@ -22,6 +22,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from blocks import Block
 from record import write_section
 from torch import nn
 
@@ -34,17 +35,6 @@ CASES = [  # (label, our schedule name, torch schedule class name, stage placeme
     ("ZB-V", "zbv", "ScheduleZBVZeroBubble", "v"),
 ]
 NUM_BLOCKS = 8
-
-
-class Block(nn.Module):
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(width)
-        self.up = nn.Linear(width, 4 * width)
-        self.down = nn.Linear(4 * width, width)
-
-    def forward(self, x):
-        return x + self.down(nn.functional.gelu(self.up(self.norm(x))))
 
 
 def make_blocks(width: int) -> list[nn.Module]:
