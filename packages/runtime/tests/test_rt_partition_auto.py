@@ -138,7 +138,7 @@ def test_rt_cli_partition_auto_reports_the_predicted_effect(tmp_path):
     )
     done = run_cli(["train", str(config), "--output-dir", str(tmp_path / "out")])
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "partition     auto (dp)" in done.stdout
+    assert "partition     auto (the fastest simulated" in done.stdout
     even = next(line for line in done.stdout.splitlines() if "even cut" in line)
     auto = next(line for line in done.stdout.splitlines() if "auto cut" in line)
     assert "[3, 3]:" in even and "predicted step" in auto and "bubble" in auto
