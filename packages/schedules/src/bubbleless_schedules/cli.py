@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _summary_line(timeline: Timeline) -> str:
     return (
         f"makespan {timeline.makespan:.6g}   bubble {timeline.bubble_rate:.4f} of the makespan, "
-        f"{timeline.span_bubble_rate:.4f} within each rank's span   "
+        f"{timeline.span_bubble_rate:.4f} within the worst rank's own span   "
         f"peak memory {timeline.max_peak_memory:.4g} M_B (per rank: "
         + ", ".join(f"{m:g}" for m in timeline.peak_memory) + ")"
     )
