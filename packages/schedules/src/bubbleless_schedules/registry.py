@@ -82,7 +82,8 @@ def generate(
     activations of one micro-batch on one rank's share) bounds every rank's peak. Raises ``ValueError``
     saying what to change when the name is unknown, the shape is unsupported or the limit cannot be met.
     """
-    fn = _GENERATORS[canonical_name(name)]
+    name = canonical_name(name)
+    fn = _GENERATORS[name]
     _check_int("num_ranks", num_ranks, 1)
     _check_int("num_microbatches", num_microbatches, 1)
     if memory_limit is not None and not memory_limit > 0:
@@ -93,14 +94,13 @@ def generate(
     input_grad_frees = options.get("input_grad_frees", 0.0)
     if not isinstance(input_grad_frees, (int, float)) or not 0.0 <= input_grad_frees <= 1.0:
         raise ValueError(f"input_grad_frees is a fraction within [0, 1], got {input_grad_frees!r}")
-    options = _options_for(fn, canonical_name(name), options)
+    options = _options_for(fn, name, options)
 
     def build(steering: Costs) -> Schedule:
         return validate(fn(
             num_ranks=num_ranks, num_microbatches=num_microbatches, costs=steering, memory_limit=memory_limit,
             **options,
         ))
-
 
     schedule = build(costs)
     if costs.heterogeneous:
