@@ -29,3 +29,19 @@ def test_rt_mismatched_schedule_raises_value_error_on_every_rank():
     messages = spawn(disagree_on_schedule, 3, threads_per_process=1, timeout=60)
     for message in messages:
         assert "disagree with rank 0" in message and "[1]" in message, message
+
+
+def test_rt_gloo_transfers_use_one_group_per_direction():
+    """Opposite transfers between two ranks must not share a gloo pair (simultaneous sends over one pair
+    stall for milliseconds), and both ends of every transfer must pick the same group."""
+    from bubbleless_runtime.testing_ranks import transfer_groups
+
+    per_rank = spawn(transfer_groups, 3, threads_per_process=1, timeout=120)
+    for rank, groups in enumerate(per_rank):
+        assert groups["twin_reused"]
+        for peer in groups["send"]:
+            assert groups["send"][peer] != groups["receive"][peer], (rank, peer, groups)
+            assert groups["send"][peer] == per_rank[peer]["receive"][rank], (rank, peer)
+    upward = {g["send"][peer] for rank, g in enumerate(per_rank) for peer in g["send"] if peer > rank}
+    downward = {g["send"][peer] for rank, g in enumerate(per_rank) for peer in g["send"] if peer < rank}
+    assert len(upward) == len(downward) == 1 and upward != downward

@@ -7,6 +7,12 @@
   not coalesce, and there each transfer is posted directly: the same operations, without the coalescing
   manager's ~15 us per call. Receives are waited just before the action that consumes them; sends are
   waited at the end of the step (their buffers stay alive until then).
+- On gloo each direction between two ranks has its own process group (``direction_groups``): transfers
+  from a lower to a higher group rank use the pipeline group, the opposite direction a twin of it. When
+  two ranks send to each other at the same moment over one gloo pair, a send or receive stalls for
+  2-6 ms in 10-20% of such crossings (``bench/runtime/gloo_crossing_sends.py``); V-shaped schedules cross
+  in nearly every step. With a pair per direction the stalls go (bench/results/runtime.md: 0 of 390
+  crossings over 2 ms, against 21 of 390 over one pair).
 - Every wait has a deadline (``timeout`` seconds). A dead peer or ranks running different schedules turn
   into ``PipelineCommError`` on every surviving rank, naming the transfer, the peer and what to check,
   instead of a silent hang.
@@ -89,15 +95,43 @@ class Transfer:
     work: object = None
 
 
+_TWINS: dict = {}
+
+
+def direction_groups(group, timeout: float) -> tuple[object, object]:
+    """(group for transfers to a higher group rank, group for transfers to a lower one).
+
+    Gloo: the pipeline group and a twin with the same ranks, created once per group (only its members
+    take part, so every rank of ``group`` must call this, as ``Pipeline`` does when it is built). Other
+    backends: the pipeline group both ways (NCCL/RCCL keep one stream per peer pair and match in order)."""
+    if dist.get_backend(group) != "gloo":
+        return group, group
+    key = group if group is not None else dist.group.WORLD
+    if key not in _TWINS:
+        ranks = dist.get_process_group_ranks(key)
+        _TWINS[key] = dist.new_group(
+            ranks, timeout=timedelta(seconds=timeout), use_local_synchronization=True,
+            group_desc="bubbleless p2p, towards lower ranks",
+        )
+    return group, _TWINS[key]
+
+
 @dataclass
 class Channel:
-    """Posts and waits transfers on ``group`` with a deadline per wait."""
+    """Posts and waits transfers on ``group`` with a deadline per wait; transfers towards a lower group
+    rank go over ``downward`` (default: ``group`` too, see ``direction_groups``)."""
 
     group: object
     timeout: float
     rank: int
     sends: list[Transfer] = field(default_factory=list)
     coalesces: bool | None = None  # None: ask the backend on the first post (gloo does not coalesce)
+    downward: object = None
+
+    def group_of(self, t: Transfer):
+        """The group a transfer travels on: sender and receiver compute the same one."""
+        source, destination = (self.rank, t.peer) if t.is_send else (t.peer, self.rank)
+        return self.downward if self.downward is not None and destination < source else self.group
 
     def post(self, transfers: list[Transfer]) -> None:
         """Issue consecutive transfers together (one ``batch_isend_irecv`` where the backend coalesces)."""
@@ -119,15 +153,16 @@ class Channel:
 
     def _batched(self, transfers: list[Transfer]) -> list:
         ops = [
-            dist.P2POp(dist.isend if t.is_send else dist.irecv, t.tensor, group=self.group, tag=t.tag, group_peer=t.peer)
+            dist.P2POp(dist.isend if t.is_send else dist.irecv, t.tensor, group=self.group_of(t), tag=t.tag,
+                       group_peer=t.peer)
             for t in transfers
         ]
         return dist.batch_isend_irecv(ops)
 
     def _one(self, t: Transfer):
         if t.is_send:
-            return dist.isend(t.tensor, group=self.group, tag=t.tag, group_dst=t.peer)
-        return dist.irecv(t.tensor, group=self.group, tag=t.tag, group_src=t.peer)
+            return dist.isend(t.tensor, group=self.group_of(t), tag=t.tag, group_dst=t.peer)
+        return dist.irecv(t.tensor, group=self.group_of(t), tag=t.tag, group_src=t.peer)
 
     def wait(self, transfer: Transfer) -> torch.Tensor:
         works = transfer.work if isinstance(transfer.work, list) else [transfer.work]

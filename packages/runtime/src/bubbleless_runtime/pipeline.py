@@ -26,7 +26,7 @@ from . import stages as stages_mod
 from .auto_partition import auto_cut, stage_costs
 from .batches import check_batch, signature_of, split_batch
 from .collectives import backend_device
-from .comm import Channel, PipelineCommError, wait_collective
+from .comm import Channel, PipelineCommError, direction_groups, wait_collective
 from .data_parallel import GradientAverager
 from .executor import Executor, StepState
 from .trace import measured_timeline
@@ -172,7 +172,10 @@ class Pipeline:
         self._averager = None
         if data_parallel_group is not None:
             self._averager = GradientAverager(data_parallel_group, stage_modules, timeout=self.timeout, rank=self.rank)
-        channel = Channel(self.group, self.timeout, self.rank) if self.num_ranks > 1 else None
+        channel = None
+        if self.num_ranks > 1:
+            upward, downward = direction_groups(self.group, self.timeout)
+            channel = Channel(upward, self.timeout, self.rank, downward=downward)
         self._executor = Executor(
             rank=self.rank, schedule=self.schedule, lowered_actions=self.lowered.actions[self.rank],
             modules=stage_modules, loss_fn=loss_fn, channel=channel,

@@ -202,6 +202,27 @@ def gathers_per_step(rank: int, steps: int) -> dict:
             "expected_spans": sum(len(row) for row in pipe.schedule.actions)}
 
 
+def transfer_groups(rank: int) -> dict:
+    """Which group each direction of this rank's transfers travels on (by group name), from two pipelines
+    over the default group; the second must reuse the first's twin group rather than create another."""
+    from .comm import Transfer
+    from .pipeline import Pipeline
+
+    torch.set_num_threads(1)
+    pipes = [Pipeline(tiny_model(4), schedule="1f1b", num_microbatches=2, loss_fn=tiny_loss, timeout=60)
+             for _ in range(2)]
+    channels = [p._executor.channel for p in pipes]
+
+    def name(channel, is_send: bool, peer: int) -> str:
+        group = channel.group_of(Transfer(is_send, peer, torch.empty(0), 0, ""))
+        return (group or dist.group.WORLD).group_name
+
+    peers = [r for r in range(dist.get_world_size()) if r != rank]
+    return {"send": {peer: name(channels[0], True, peer) for peer in peers},
+            "receive": {peer: name(channels[0], False, peer) for peer in peers},
+            "twin_reused": channels[0].downward is channels[1].downward}
+
+
 def fail_on_rank(rank: int, failing: int | None) -> int:
     """Returns the rank, or raises KeyError on rank ``failing`` (to test exception propagation)."""
     if rank == failing:
