@@ -1,6 +1,6 @@
 """Step time of bubbleless_runtime.Pipeline against torch.distributed.pipelining, same layers, same schedule.
 
-    python bench/runtime/vs_torch.py [--steps 5] [--width 128] [--microbatch 32] [--out bench/results/runtime.md]
+    python bench/runtime/vs_torch.py [--steps 15] [--width 128] [--microbatch 32] [--out bench/results/runtime.md]
 
 CPU, 4 gloo ranks (one thread each), both runtimes in one run, alternating step by step so load on a
 shared machine hits both alike. Schedules: 1F1B (4 stages), interleaved 1F1B (8 stages, looped) and ZB-V
@@ -123,7 +123,7 @@ def worker(rank: int, steps: int, width: int, microbatch: int) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=15)
     parser.add_argument("--width", type=int, default=128)
     parser.add_argument("--microbatch", type=int, default=32)
     parser.add_argument("--out", default="bench/results/runtime.md")
