@@ -3,7 +3,7 @@
 import pytest
 
 from bubbleless_partition import LayerCost, Profile, cut
-from bubbleless_runtime.auto_partition import best_cut, stage_costs
+from bubbleless_runtime.auto_partition import best_cut, best_plan, stage_costs
 from bubbleless_runtime.stages import stage_sizes
 from bubbleless_schedules import generate, simulate
 
@@ -42,3 +42,33 @@ def test_zbv_light_embedding_and_head_beats_rank_balance():
     chosen = best_cut(prof, schedule)
     assert list(chosen.sizes) != v_sizes
     assert _step(schedule, prof, chosen.sizes) < _step(schedule, prof, v_sizes)
+
+
+def _profile_fiw(forward, input_grad, weight_grad, layers=8):
+    return Profile(layers=tuple(LayerCost(name=f"l{i}", forward=forward, input_grad=input_grad,
+                                          weight_grad=weight_grad) for i in range(layers)))
+
+
+def test_plan_regenerates_a_named_schedule_for_the_profiled_costs():
+    # I twice F: the unit-cost V-Half order (F = I = W) leaves gaps the profiled order closes
+    prof = _profile_fiw(1.0, 2.0, 1.0)
+    unit = generate("v-half", num_ranks=4, num_microbatches=8)
+
+    def generate_for(costs):
+        return generate("v-half", num_ranks=4, num_microbatches=8, costs=costs)
+
+    plan = best_plan(prof, unit, generate_for=generate_for)
+    costs = stage_costs(prof, plan.partition.sizes)
+    assert plan.schedule.actions != unit.actions
+    assert plan.makespan == pytest.approx(simulate(plan.schedule, costs).makespan)
+    assert plan.makespan < 0.85 * simulate(unit, costs).makespan
+    assert best_plan(prof, unit).schedule is unit  # without a generator the given schedule runs
+
+
+@pytest.mark.parametrize("name", ["zb", "zbv", "v-min", "1f1b"])
+def test_plan_is_never_slower_than_the_unit_schedule(name):
+    prof = _profile([0.3, 1.0, 2.0, 1.0, 1.0, 1.5, 1.0, 3.0])
+    unit = generate(name, num_ranks=2, num_microbatches=4)
+    plan = best_plan(prof, unit, generate_for=lambda c: generate(name, num_ranks=2, num_microbatches=4, costs=c))
+    chosen = best_cut(prof, unit)
+    assert plan.makespan <= _step(unit, prof, chosen.sizes) + 1e-9

@@ -263,7 +263,8 @@ def _train(config: RunConfig, *, rank: int) -> RunResult:
     if rank == 0 and pipeline.profile is not None:
         from .auto_partition import predicted_effect
 
-        print(predicted_effect(pipeline.schedule, pipeline.profile, pipeline.partition))
+        print(predicted_effect(pipeline.schedule, pipeline.profile, pipeline.partition,
+                               baseline=pipeline.schedule_before_profile))
     return result
 
 

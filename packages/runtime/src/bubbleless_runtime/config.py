@@ -101,8 +101,10 @@ class PipelineConfig:
     """``even`` (equal layer counts), ``auto`` or a list of layers per stage (summing to
     ``model.num_layers + 2``). ``auto``: rank 0 times every layer on the first step's first micro-batch,
     and every rank cuts that one profile the same way: V schedules (zbv, ...) balance each rank's two
-    chunks, the others the stages (``bubbleless_partition.cut`` methods ``v`` and ``dp``). The report then
-    shows the simulator's predicted step time and bubble rate with the even cut and the auto cut."""
+    chunks, the others the stages (``bubbleless_partition.cut`` methods ``v`` and ``dp``), and the schedule
+    is generated again for the profiled per-stage costs where the simulator predicts that faster. The
+    report then shows the simulator's predicted step time and bubble rate with the even cut (and the
+    unit-cost schedule) and the auto cut."""
     memory_cap: float | None = None
     """With ``partition: auto``: bytes a stage (a rank, for V schedules) may hold, counted as parameter
     bytes plus one micro-batch's saved activations; no cut that fits raises an error naming the smallest

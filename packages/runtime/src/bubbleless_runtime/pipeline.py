@@ -100,7 +100,9 @@ class Pipeline:
     with ``.sizes`` (a ``bubbleless_partition.Partition``), or ``"auto"``: rank 0 profiles the layers on
     ``sample_input`` (one micro-batch of inputs) in this constructor and every rank cuts that profile the
     same way, for the schedule's placement, under ``memory_cap`` bytes per stage (per rank for a V) when
-    given (``auto_partition`` says why). ``partition`` keeps the sizes used; ``profile`` and
+    given (``auto_partition`` says why). A named ``schedule`` (without ``costs``) is then generated again
+    for the cut's profiled per-stage costs, and kept where the simulator predicts it faster than the
+    unit-cost one (``schedule_before_profile``). ``partition`` keeps the sizes used; ``profile`` and
     ``stage_costs`` (per-stage simulator ``Costs``, ms) are set with ``"auto"``, else None.
 
     ``trace``: keep each step's compute spans on this rank (free: the executor times its actions anyway)
@@ -140,10 +142,17 @@ class Pipeline:
         )
         layers = stages_mod.layers_of(model)
         self.profile = self.stage_costs = None
+        self.schedule_before_profile = self.schedule
         if isinstance(partition, str) and partition == "auto":
-            partition, self.profile = auto_cut(
+            generate_for = None
+            if isinstance(schedule, str) and costs is None:  # a named schedule: regenerate it for the profile
+                def generate_for(profiled: Costs) -> Schedule:
+                    return _resolve_schedule(schedule, num_ranks=self.num_ranks, num_microbatches=num_microbatches,
+                                             costs=profiled, options=dict(schedule_options or {}))
+            partition, self.profile, self.schedule = auto_cut(
                 layers, self.schedule, sample_input, memory_cap=memory_cap, rank=self.rank,
                 num_ranks=self.num_ranks, group=group, data_parallel_group=data_parallel_group, timeout=timeout,
+                generate_for=generate_for,
             )
             self.stage_costs = stage_costs(self.profile, partition.sizes)
         elif memory_cap is not None:
