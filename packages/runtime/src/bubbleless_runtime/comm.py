@@ -111,7 +111,6 @@ def direction_groups(group, timeout: float) -> tuple[object, object]:
         ranks = dist.get_process_group_ranks(key)
         _TWINS[key] = dist.new_group(
             ranks, timeout=timedelta(seconds=timeout), use_local_synchronization=True,
-            group_desc="bubbleless p2p, towards lower ranks",
         )
     return group, _TWINS[key]
 
@@ -127,6 +126,11 @@ class Channel:
     sends: list[Transfer] = field(default_factory=list)
     coalesces: bool | None = None  # None: ask the backend on the first post (gloo does not coalesce)
     downward: object = None
+
+    def global_rank(self, peer: int) -> int:
+        """A group rank as a global rank: torch before 2.6 addresses p2p by global rank only, and the twin
+        group has the same ranks as ``group``, so one mapping serves both directions."""
+        return peer if self.group is None else dist.get_global_rank(self.group, peer)
 
     def group_of(self, t: Transfer):
         """The group a transfer travels on: sender and receiver compute the same one."""
@@ -153,16 +157,16 @@ class Channel:
 
     def _batched(self, transfers: list[Transfer]) -> list:
         ops = [
-            dist.P2POp(dist.isend if t.is_send else dist.irecv, t.tensor, group=self.group_of(t), tag=t.tag,
-                       group_peer=t.peer)
+            dist.P2POp(dist.isend if t.is_send else dist.irecv, t.tensor, self.global_rank(t.peer),
+                       group=self.group_of(t), tag=t.tag)
             for t in transfers
         ]
         return dist.batch_isend_irecv(ops)
 
     def _one(self, t: Transfer):
         if t.is_send:
-            return dist.isend(t.tensor, group=self.group_of(t), tag=t.tag, group_dst=t.peer)
-        return dist.irecv(t.tensor, group=self.group_of(t), tag=t.tag, group_src=t.peer)
+            return dist.isend(t.tensor, self.global_rank(t.peer), group=self.group_of(t), tag=t.tag)
+        return dist.irecv(t.tensor, self.global_rank(t.peer), group=self.group_of(t), tag=t.tag)
 
     def wait(self, transfer: Transfer) -> torch.Tensor:
         works = transfer.work if isinstance(transfer.work, list) else [transfer.work]
