@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from bubbleless_runtime import config as cfg
 from bubbleless_runtime import config_docs
@@ -106,3 +107,14 @@ def test_a_partition_or_schedule_that_cannot_run_stops_before_any_process_starts
         path.write_text(text)
         assert main(["train", str(path)]) == 2, text
         assert match in capsys.readouterr().err, text
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown where no GPU is visible")
+def test_a_gpu_run_without_a_gpu_stops_before_any_process_starts(tmp_path, capsys):
+    for text, field in (("train: {device: cuda}\n", "train.device is 'cuda'"),
+                        ("pipeline: {backend: nccl}\n", "pipeline.backend is 'nccl'")):
+        path = tmp_path / "run.yaml"
+        path.write_text(text)
+        assert main(["train", str(path)]) == 2, text
+        err = capsys.readouterr().err
+        assert field in err and "no GPU is visible" in err and "train.device: cpu" in err, err

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 
 from .config import ModelConfig, RunConfig, config_to_dict, load_config, validate
-from .config_checks import check_schedule
+from .config_checks import check_device, check_schedule
 from .default_config import DEFAULT_CONFIG_YAML
 from .launch import under_torchrun
 from .report import RunResult, finish, report
@@ -25,7 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser("train", help="train a model over a pipeline (default: the embedded demo)")
     train.add_argument(
-        "config", nargs="?", help="YAML config; omitted: the embedded default (docs/config.md)"
+        "config", nargs="?",
+        help="YAML config; omitted: the embedded default. --print-config shows every field with its value; "
+             "python -m bubbleless_runtime.config_docs prints the reference page of what each one means",
     )
     train.add_argument("--nproc", type=int, help="local ranks to spawn (overrides pipeline.nproc)")
     train.add_argument("--steps", type=int, help="optimizer steps (overrides train.steps)")
@@ -67,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.print_config:  # before any process starts: the schedule, its shape and the partition
             num_ranks = int(os.environ["WORLD_SIZE"]) if under_torchrun() else config.pipeline.nproc
             check_schedule(config, num_ranks=num_ranks)
+            check_device(config)
     except ValueError as error:
         print(f"bubbleless: {error}", file=sys.stderr)
         return 2

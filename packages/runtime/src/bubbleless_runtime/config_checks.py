@@ -125,3 +125,15 @@ def check_schedule(config: RunConfig, *, num_ranks: int) -> None:
             f"{pipeline.schedule} on {num_ranks} ranks has {schedule.num_stages} stages but the model has "
             f"{num_layers} layers; raise model.num_layers to at least {schedule.num_stages - 2}, or run fewer ranks"
         )
+
+
+def check_device(config: RunConfig) -> None:
+    """``train.device: cuda`` and ``pipeline.backend: nccl`` need a visible GPU: say so before any process
+    starts, rather than from every rank's traceback."""
+    if config.train.device != "cuda" and config.pipeline.backend != "nccl":
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        field = "train.device is 'cuda'" if config.train.device == "cuda" else "pipeline.backend is 'nccl'"
+        raise ValueError(f"{field} but no GPU is visible here; set train.device: cpu and pipeline.backend: gloo")

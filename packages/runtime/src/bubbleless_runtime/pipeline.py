@@ -9,6 +9,9 @@
 
 Everything the caller can get wrong is checked in the constructor or at the top of ``step``, on every
 rank, before any communication, so a bad argument is a ``ValueError`` everywhere instead of a hang.
+What only shows while a step runs (a ``loss_fn`` that returns a non-scalar, a layer that returns a
+dict) raises on the rank that meets it; its peers then raise ``PipelineCommError`` when that process
+exits, or after ``timeout`` seconds if it stays alive, naming the transfer they waited for.
 """
 
 from __future__ import annotations

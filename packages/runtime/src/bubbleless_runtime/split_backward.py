@@ -9,8 +9,10 @@ Choice: **deferred weight-gradient closures for linear layers**, not a split of 
 - Why closures: the weight-gradient GEMM is exactly the work W is meant to move, and a closure costs
   one saved reference to ``x`` and ``g`` and no extra graph traversal. Splitting the autograd graph
   instead (``autograd.grad`` on inputs with ``retain_graph`` and on the parameters later) walks the graph
-  twice: about 1.5x a full backward measured on CPU, or about 1.17x when the intermediate gradients are
-  captured, against about 1.05x here (``bench/runtime/split_cost.py`` measures it on this machine).
+  twice. ``bench/runtime/split_cost.py`` measures both against one full backward on CPU: the graph
+  split 1.5-1.6x, the closures 1.01x with an allocator that reuses freed memory (jemalloc, tcmalloc, or
+  glibc told to keep it; GPU caching allocators behave so) and 1.05-1.12x under glibc's defaults, where
+  I writes the input gradients to fresh pages because the output gradients W needs are still held.
 - Everything else (norm weights, embeddings, weights that are not leaves such as tied or sliced
   expert tensors) gets its gradient during I, from the same backward pass. They are a small share of
   the FLOPs of a transformer, so W keeps almost all of the weight-gradient work; the gradients are
