@@ -96,3 +96,18 @@ def test_report_without_steps_says_where_the_checkpoint_is():
     config = load_config(text=TINY_MODEL + "train: {steps: 5}\n")
     text = report(RunResult([], nan, nan, nan, None, None, None, None, 7), config)
     assert text.startswith("nothing to do: the checkpoint is at step 7 of 5")
+
+
+@pytest.mark.slow
+def test_the_embedded_default_runs_as_shipped(tmp_path):
+    """``bubbleless train`` with no config (README's first command), cut to 12 steps: 4 ranks, zbv, the
+    auto partition and its report, the loss falling."""
+    done = testing.run_cli(["train", "--steps", "12", "--output-dir", str(tmp_path / "out")])
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    out = done.stdout
+    assert "schedule zbv, 4 ranks, 8 micro-batches, 12 steps" in out, out
+    loss_line = next(line for line in out.splitlines() if line.startswith("loss"))
+    first, last = (float(x) for x in loss_line.split()[1:4:2])
+    assert last < first
+    assert "auto cut" in out and "even cut" in out
+    assert (tmp_path / "out" / "timeline.png").stat().st_size > 1000
