@@ -45,3 +45,23 @@ def test_rt_gloo_transfers_use_one_group_per_direction():
     upward = {g["send"][peer] for rank, g in enumerate(per_rank) for peer in g["send"] if peer > rank}
     downward = {g["send"][peer] for rank, g in enumerate(per_rank) for peer in g["send"] if peer < rank}
     assert len(upward) == len(downward) == 1 and upward != downward
+
+
+def test_rt_a_pipeline_is_freed_without_the_cycle_collector():
+    """No reference cycle keeps an executor (and the process groups its channel holds) alive after its
+    pipeline is dropped, so they go at once rather than whenever the cycle collector runs."""
+    import gc
+    import weakref
+
+    from bubbleless_runtime import Pipeline
+    from bubbleless_runtime.testing import tiny_batch, tiny_loss, tiny_model
+
+    gc.disable()
+    try:
+        pipe = Pipeline(tiny_model(3), schedule="1f1b", num_microbatches=2, loss_fn=tiny_loss)
+        pipe.step(*tiny_batch(4))
+        refs = [weakref.ref(pipe), weakref.ref(pipe._executor)]
+        del pipe
+        assert [r() for r in refs] == [None, None]
+    finally:
+        gc.enable()

@@ -23,6 +23,7 @@
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -95,15 +96,17 @@ class Transfer:
     work: object = None
 
 
-_TWINS: dict = {}
+_TWINS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # pipeline group -> its twin
 
 
 def direction_groups(group, timeout: float) -> tuple[object, object]:
     """(group for transfers to a higher group rank, group for transfers to a lower one).
 
     Gloo: the pipeline group and a twin with the same ranks, created once per group (only its members
-    take part, so every rank of ``group`` must call this, as ``Pipeline`` does when it is built). Other
-    backends: the pipeline group both ways (NCCL/RCCL keep one stream per peer pair and match in order)."""
+    take part, so every rank of ``group`` must call this, as ``Pipeline`` does when it is built). The
+    cache holds the pipeline group weakly, so the twin lives as long as the group (and the pipelines
+    that use it), not until interpreter exit. Other backends: the pipeline group both ways (NCCL/RCCL
+    keep one stream per peer pair and match in order)."""
     if dist.get_backend(group) != "gloo":
         return group, group
     key = group if group is not None else dist.group.WORLD

@@ -85,16 +85,6 @@ class Executor:
         self.input_meta: dict = {}  # (signature, stage) -> (metas, is_tuple) of what the stage receives
         self.output_meta: dict = {}  # (signature, stage) -> metas of a stage's output tensors
         self.meta_sent: set = set()  # (signature, stage) whose metadata this rank has sent
-        self.handlers = {
-            Kind.F: self.forward,
-            Kind.I: self.backward_input,
-            Kind.W: self.backward_weight,
-            Kind.B: self.backward_full,
-            Kind.SEND_F: self.send_forward,
-            Kind.RECV_F: self.receive_forward,
-            Kind.SEND_B: self.send_backward,
-            Kind.RECV_B: self.receive_backward,
-        }
         self.prefetch = prefetch
         self.segments = self._segments()
 
@@ -117,16 +107,16 @@ class Executor:
             for position, comm in comms:
                 if position not in posted:
                     posted.add(position)
-                    batch += self.handlers[comm.kind](comm, state)
+                    batch += HANDLERS[comm.kind](self, comm, state)
             for position, comm in self._receives_ahead(k):
                 if position not in posted:
                     posted.add(position)
-                    batch += self.handlers[comm.kind](comm, state)
+                    batch += HANDLERS[comm.kind](self, comm, state)
             self._post(batch)
             if action is None:
                 continue
             state.blocked = 0.0
-            self.handlers[action.kind](action, state)
+            HANDLERS[action.kind](self, action, state)
             end = time.time()
             state.spans.append((action, min(resumed + state.blocked, end), end))
             resumed = end
@@ -135,7 +125,7 @@ class Executor:
         """[(comm actions before it with their positions, compute action)], trailing comms last (action None)."""
         segments, comms = [], []
         for position, action in enumerate(self.actions):
-            if action.kind not in self.handlers:
+            if action.kind not in HANDLERS:
                 raise ValueError(f"the multi-process executor cannot run {action} ({action.kind} actions)")
             if action.kind in COMM_KINDS:
                 comms.append((position, action))
@@ -310,3 +300,18 @@ class _nothing:
 
     def __exit__(self, *exc):
         return False
+
+
+# One handler per action kind: the whole interpreter. Plain functions rather than bound methods kept on
+# the instance, so an executor is in no reference cycle and goes (with the process groups its channel
+# holds) as soon as its pipeline does.
+HANDLERS = {
+    Kind.F: Executor.forward,
+    Kind.I: Executor.backward_input,
+    Kind.W: Executor.backward_weight,
+    Kind.B: Executor.backward_full,
+    Kind.SEND_F: Executor.send_forward,
+    Kind.RECV_F: Executor.receive_forward,
+    Kind.SEND_B: Executor.send_backward,
+    Kind.RECV_B: Executor.receive_backward,
+}
