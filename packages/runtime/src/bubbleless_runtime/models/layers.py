@@ -10,6 +10,9 @@ micro-batching along dim 0 splits the stats with the tokens.
 
 Rotary embeddings and the causal mask are recomputed inside each decoder wrapper from the sequence
 length: they are cheap, and recomputing them keeps the activation crossing a stage boundary small.
+Only the causal mask is built: there is no padding mask. Right-pad variable-length samples and set their
+padded labels to -100 (the loss ignores them; causal attention never lets a real token see the padding
+after it); the MoE router statistics do count padded tokens.
 The wrappers hold references to the Hugging Face modules (no copies), so the parameter names of the
 original model, and LoRA adapters injected by peft before or after the cut, stay valid.
 """
