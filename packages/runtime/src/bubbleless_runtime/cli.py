@@ -81,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     if under_torchrun():  # this process is one rank
         run_rank(config)
         _end_rank_process()
-    launch(config)
+    else:
+        launch(config)
     return 0
 
 

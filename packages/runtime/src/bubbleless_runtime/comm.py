@@ -10,9 +10,8 @@
 - On gloo each direction between two ranks has its own process group (``direction_groups``): transfers
   from a lower to a higher group rank use the pipeline group, the opposite direction a twin of it. When
   two ranks send to each other at the same moment over one gloo pair, a send or receive stalls for
-  2-6 ms in 10-20% of such crossings (``bench/runtime/gloo_crossing_sends.py``); V-shaped schedules cross
-  in nearly every step. With a pair per direction the stalls go (bench/results/runtime.md: 0 of 390
-  crossings over 2 ms, against 21 of 390 over one pair).
+  2-6 ms in 5-20% of such crossings; V-shaped schedules cross in nearly every step. With a pair per
+  direction the stalls go (``bench/runtime/gloo_crossing_sends.py``, recorded in bench/results/runtime.md).
 - Every wait has a deadline (``timeout`` seconds). A dead peer or ranks running different schedules turn
   into ``PipelineCommError`` on every surviving rank, naming the transfer, the peer and what to check,
   instead of a silent hang.
@@ -129,11 +128,14 @@ class Channel:
     sends: list[Transfer] = field(default_factory=list)
     coalesces: bool | None = None  # None: ask the backend on the first post (gloo does not coalesce)
     downward: object = None
+    global_ranks: list[int] = field(init=False)  # group rank -> global rank
 
-    def global_rank(self, peer: int) -> int:
-        """A group rank as a global rank: torch before 2.6 addresses p2p by global rank only, and the twin
-        group has the same ranks as ``group``, so one mapping serves both directions."""
-        return peer if self.group is None else dist.get_global_rank(self.group, peer)
+    def __post_init__(self) -> None:
+        # torch before 2.6 addresses p2p by global rank only; the twin group has the same ranks as
+        # ``group``, so one mapping, looked up once here rather than per transfer, serves both directions
+        size = dist.get_world_size(self.group)
+        self.global_ranks = (list(range(size)) if self.group is None
+                             else [dist.get_global_rank(self.group, r) for r in range(size)])
 
     def group_of(self, t: Transfer):
         """The group a transfer travels on: sender and receiver compute the same one."""
@@ -160,7 +162,7 @@ class Channel:
 
     def _batched(self, transfers: list[Transfer]) -> list:
         ops = [
-            dist.P2POp(dist.isend if t.is_send else dist.irecv, t.tensor, self.global_rank(t.peer),
+            dist.P2POp(dist.isend if t.is_send else dist.irecv, t.tensor, self.global_ranks[t.peer],
                        group=self.group_of(t), tag=t.tag)
             for t in transfers
         ]
@@ -168,8 +170,8 @@ class Channel:
 
     def _one(self, t: Transfer):
         if t.is_send:
-            return dist.isend(t.tensor, self.global_rank(t.peer), group=self.group_of(t), tag=t.tag)
-        return dist.irecv(t.tensor, self.global_rank(t.peer), group=self.group_of(t), tag=t.tag)
+            return dist.isend(t.tensor, self.global_ranks[t.peer], group=self.group_of(t), tag=t.tag)
+        return dist.irecv(t.tensor, self.global_ranks[t.peer], group=self.group_of(t), tag=t.tag)
 
     def wait(self, transfer: Transfer) -> torch.Tensor:
         works = transfer.work if isinstance(transfer.work, list) else [transfer.work]

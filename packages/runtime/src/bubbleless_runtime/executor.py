@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import chain
 
 import torch
 
@@ -104,11 +105,7 @@ class Executor:
         resumed = time.time()
         for k, (comms, action) in enumerate(self.segments):
             batch: list[Transfer] = []
-            for position, comm in comms:
-                if position not in posted:
-                    posted.add(position)
-                    batch += HANDLERS[comm.kind](self, comm, state)
-            for position, comm in self._receives_ahead(k):
+            for position, comm in chain(comms, self._receives_ahead(k)):
                 if position not in posted:
                     posted.add(position)
                     batch += HANDLERS[comm.kind](self, comm, state)
