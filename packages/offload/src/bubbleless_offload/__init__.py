@@ -1,4 +1,25 @@
-"""bubbleless_offload: not implemented yet (see the package README)."""
+"""bubbleless_offload: host-resident training state streamed to stateless device workers.
 
-__version__ = "0.0.0"
-__all__: list[str] = []
+The pieces the round-robin (RoundPipe-style) executor is built from: ``HostStore`` (working weights,
+fp32 masters and gradient accumulators in host memory), ``DeviceWeights`` (a job's layers uploaded to
+a device and their gradients stored back), ``DeviceStreams`` and events, ``MemoryBudget``, activation
+transfers (``to_host``/``to_device``), ``PinnedPool``, and the CPU ``HostOptimizer`` with its
+``DynamicLossScaler``. Importing it touches no device and creates no tensor.
+"""
+
+from .activations import to_device, to_host
+from .device_weights import DeviceWeights, LoadedJob
+from .host_optimizer import OPTIMIZERS, HostOptimizer, HostStepResult
+from .host_store import HostParam, HostStore
+from .loss_scaler import DynamicLossScaler
+from .memory_budget import DeviceOutOfMemory, MemoryBudget, format_bytes
+from .mmap_safetensors import mmap_safetensors
+from .pinned_pool import PinnedPool
+from .streams import CpuEvent, CpuStream, DeviceStreams, stream_context
+
+__version__ = "0.1.0"
+__all__ = [
+    "OPTIMIZERS", "CpuEvent", "CpuStream", "DeviceOutOfMemory", "DeviceStreams", "DeviceWeights",
+    "DynamicLossScaler", "HostOptimizer", "HostParam", "HostStepResult", "HostStore", "LoadedJob",
+    "MemoryBudget", "PinnedPool", "format_bytes", "mmap_safetensors", "stream_context", "to_device", "to_host",
+]

@@ -1,0 +1,252 @@
+"""``HostStore``: a model's training state in host memory, per layer, for stateless device workers.
+
+What each unique parameter has here (``HostParam``):
+
+- working weights: the caller's own parameter tensor, in the training dtype. Devices upload these. With
+  pinning on, their data is moved into page-locked buffers from a ``PinnedPool`` so uploads overlap
+  compute (turn it off on machines with little RAM: pinned pages cannot be swapped).
+- trainable parameters only: an fp32 master (the optimizer's copy; the caller's tensor itself when it is
+  already fp32, so nothing is duplicated) and an fp32 gradient accumulator that device workers add into.
+- frozen parameters (LoRA base weights): nothing else. They are never downloaded back, and can be
+  memory-mapped from a .safetensors file instead of held in RAM (``frozen_safetensors``).
+
+Parameters are de-duplicated by identity: a tied embedding / LM-head weight used by the first and the
+last layer is one ``HostParam`` with one master and one accumulator.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from .mmap_safetensors import map_frozen
+from .pinned_pool import PinnedPool
+
+__all__ = ["HostParam", "HostStore"]
+
+
+@dataclass(eq=False, kw_only=True)
+class HostParam:
+    """The host-side state of one unique parameter (compared by identity)."""
+
+    param: nn.Parameter
+    """The caller's parameter; its data are the working weights devices upload."""
+    name: str
+    """The first qualified name it was seen under, ``"<layer index>.<name in the layer>"``."""
+    trainable: bool
+    """``param.requires_grad`` when the store was built."""
+    master: torch.Tensor | None = None
+    """fp32 master weights (the optimizer's); aliases ``param``'s data when that is fp32. None if frozen."""
+    grad: torch.Tensor | None = None
+    """fp32 gradient accumulator (zeroed by ``HostStore.zero_grad``). None if frozen."""
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    """Held while adding into ``grad``: device threads store gradients concurrently."""
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the working weights (what one upload moves)."""
+        return self.param.numel() * self.param.element_size()
+
+
+class HostStore:
+    """Host-resident state of ``layers`` (list index = layer index; the caller's own modules).
+
+    ``pin_memory``: pin working weights (None: when ``torch.cuda.is_available()``, asked here, never at
+    import). ``pool``: where pinned buffers come from (None: a new ``PinnedPool``; kept as ``store.pool``
+    for gradient staging). ``frozen_safetensors``: a .safetensors file whose tensors replace the data of
+    frozen parameters (memory-mapped, not pinned, never copied into RAM until read); the parameters may
+    then be built on the ``meta`` device. ``safetensors_key``: maps a store name (``"3.linear.weight"``)
+    to the file's key for it (None: the same name); frozen parameters whose key is missing keep their data.
+    """
+
+    def __init__(
+        self,
+        layers: Sequence[nn.Module],
+        *,
+        pin_memory: bool | None = None,
+        pool: PinnedPool | None = None,
+        frozen_safetensors: str | os.PathLike | None = None,
+        safetensors_key: Callable[[str], str] | None = None,
+    ) -> None:
+        layers = list(layers)
+        if not layers or not all(isinstance(layer, nn.Module) for layer in layers):
+            raise ValueError("HostStore needs a non-empty sequence of nn.Module layers (one per layer index)")
+        self.layers = layers
+        self.pin_memory = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
+        self.pool = pool if pool is not None else PinnedPool(pin=self.pin_memory)
+        if self.pin_memory and not self.pool.pin:
+            raise ValueError("pin_memory=True with an unpinned pool: pass PinnedPool(pin=True) or pin_memory=False")
+        by_id: dict[int, HostParam] = {}
+        self._layer_params: list[list[tuple[str, HostParam]]] = []
+        self._layer_buffers: list[list[tuple[str, torch.Tensor]]] = []
+        for index, layer in enumerate(layers):
+            entries = []
+            for local, p in layer.named_parameters(remove_duplicate=False):
+                if id(p) not in by_id:
+                    by_id[id(p)] = HostParam(param=p, name=f"{index}.{local}", trainable=p.requires_grad)
+                entries.append((local, by_id[id(p)]))
+            self._layer_params.append(entries)
+        self.params: list[HostParam] = list(by_id.values())
+        """Unique parameters in model order (first appearance)."""
+        self.trainable: list[HostParam] = [hp for hp in self.params if hp.trainable]
+        """The unique parameters with masters and gradient accumulators."""
+        mapped = set() if frozen_safetensors is None else map_frozen(self.params, frozen_safetensors, safetensors_key)
+        for hp in self.params:
+            self._to_host(hp, pin=self.pin_memory and id(hp) not in mapped)
+        on_host: dict[int, torch.Tensor] = {}  # buffers go to the host too (shared ones stay shared)
+        for layer in layers:
+            for module in layer.modules():
+                for key, buffer in module._buffers.items():
+                    if buffer is not None and buffer.device.type != "cpu":
+                        if id(buffer) not in on_host:
+                            on_host[id(buffer)] = buffer.cpu()
+                        module._buffers[key] = on_host[id(buffer)]
+        for layer in layers:
+            named = layer.named_buffers(remove_duplicate=False)
+            self._layer_buffers.append([(name, b) for name, b in named if b is not None])
+        for hp in self.trainable:
+            data = hp.param.data
+            hp.master = data if data.dtype == torch.float32 else data.float()
+            hp.grad = torch.zeros(data.shape, dtype=torch.float32)
+
+    # ---- construction helpers ----
+
+    def _to_host(self, hp: HostParam, *, pin: bool) -> None:
+        data = hp.param.data
+        if data.device.type == "meta":
+            raise ValueError(
+                f"parameter {hp.name} is on the meta device; load its values first, or for a frozen parameter "
+                f"pass frozen_safetensors= with a file that holds it"
+            )
+        if data.device.type != "cpu":
+            data = data.cpu()
+        if pin and not data.is_pinned():
+            pinned = self.pool.acquire(data.shape, data.dtype)
+            pinned.copy_(data)
+            data = pinned
+        if data is not hp.param.data:
+            hp.param.data = data
+
+    # ---- what layers hold ----
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def layer_params(self, index: int) -> list[tuple[str, HostParam]]:
+        """``(name in the layer, HostParam)`` pairs of layer ``index``.
+
+        In ``named_parameters(remove_duplicate=False)`` order: a parameter used twice appears twice."""
+        return list(self._layer_params[self._check_layer(index)])
+
+    def layer_buffers(self, index: int) -> list[tuple[str, torch.Tensor]]:
+        """``(name in the layer, host tensor)`` for layer ``index``'s buffers, duplicates included."""
+        return list(self._layer_buffers[self._check_layer(index)])
+
+    def weight_bytes(self, layer_indices: Iterable[int]) -> int:
+        """Bytes one job over these layers uploads: their params and buffers, each unique tensor once."""
+        seen: dict[int, int] = {}
+        for index in layer_indices:
+            for _, hp in self.layer_params(index):
+                seen[id(hp)] = hp.nbytes
+            for _, buffer in self.layer_buffers(index):
+                seen[id(buffer)] = buffer.numel() * buffer.element_size()
+        return sum(seen.values())
+
+    def grad_bytes(self, layer_indices: Iterable[int]) -> int:
+        """Bytes of device gradients (working dtype) a job over these layers stores: trainable params, once each."""
+        seen = {id(hp): hp.nbytes for i in layer_indices for _, hp in self.layer_params(i) if hp.trainable}
+        return sum(seen.values())
+
+    def _check_layer(self, index: int) -> int:
+        if not 0 <= index < len(self.layers):
+            raise ValueError(f"layer index {index} is out of range; this store has layers 0..{len(self.layers) - 1}")
+        return index
+
+    # ---- gradients ----
+
+    def zero_grad(self) -> None:
+        """Zero every gradient accumulator (after an optimizer step, before the next iteration)."""
+        for hp in self.trainable:
+            with hp.lock:
+                hp.grad.zero_()
+
+    def accumulate(self, host_param: HostParam, device_grad: torch.Tensor) -> None:
+        """Add ``device_grad`` (any device, any float dtype) into ``host_param``'s fp32 accumulator.
+
+        Thread-safe. A device gradient is first copied to host (into a pooled staging buffer, pinned when
+        the store pins); the copy is a blocking one, issued on the calling thread's current stream.
+        """
+        if not host_param.trainable:
+            raise ValueError(
+                f"parameter {host_param.name} is frozen (requires_grad=False): it has no gradient to add to"
+            )
+        if device_grad.shape != host_param.grad.shape:
+            raise ValueError(
+                f"gradient for {host_param.name} has shape {list(device_grad.shape)}, "
+                f"expected {list(host_param.grad.shape)}"
+            )
+        staging = None
+        if device_grad.device.type != "cpu":
+            staging = self.pool.acquire(device_grad.shape, device_grad.dtype)
+            staging.copy_(device_grad)
+        try:
+            with host_param.lock:
+                host_param.grad.add_(staging if staging is not None else device_grad)
+        finally:
+            if staging is not None:
+                self.pool.release(staging)
+
+    def masters_with_grads(self) -> list[torch.Tensor]:
+        """The fp32 masters with ``.grad`` set to the accumulators, for a torch optimizer or clip_grad_norm_."""
+        for hp in self.trainable:
+            hp.master.grad = hp.grad
+        return [hp.master for hp in self.trainable]
+
+    def sync_working(self) -> None:
+        """Copy masters into working weights where those are separate tensors (after an optimizer step)."""
+        with torch.no_grad():
+            for hp in self.trainable:
+                if hp.master.data_ptr() != hp.param.data_ptr():  # an fp32 master is the working tensor
+                    hp.param.data.copy_(hp.master)
+
+    def grads_to_params(self) -> None:
+        """Add the accumulators into the callers' ``param.grad`` (made in the param's dtype when None).
+
+        The mode where the caller's own optimizer steps: afterwards ``.grad`` is what a plain
+        ``loss.backward()`` over the whole model would have left.
+        """
+        for hp in self.trainable:
+            p = hp.param
+            with hp.lock:
+                if p.grad is None:
+                    p.grad = hp.grad.to(dtype=p.dtype, copy=True)
+                else:
+                    p.grad.add_(hp.grad.to(device=p.grad.device))
+
+    # ---- checkpoints ----
+
+    def master_state_dict(self) -> dict[str, torch.Tensor]:
+        """The fp32 masters by name (the host state a checkpoint must keep for an exact resume)."""
+        return {hp.name: hp.master for hp in self.trainable}
+
+    def load_master_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Copy ``master_state_dict()`` values back into the masters and the working weights."""
+        missing = [hp.name for hp in self.trainable if hp.name not in state]
+        if missing:
+            raise ValueError(f"master state lacks {len(missing)} trainable parameters, e.g. {missing[:3]}")
+        with torch.no_grad():
+            for hp in self.trainable:
+                hp.master.copy_(state[hp.name])
+        self.sync_working()
+
+    def __repr__(self) -> str:
+        return (
+            f"HostStore({self.num_layers} layers, {len(self.params)} params, {len(self.trainable)} trainable, "
+            f"pin_memory={self.pin_memory})"
+        )

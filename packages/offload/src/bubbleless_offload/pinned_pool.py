@@ -1,0 +1,93 @@
+"""``PinnedPool``: host buffers reused across jobs, pinned (page-locked) when an accelerator reads them.
+
+Pinning is what makes a host-to-device copy asynchronous (``non_blocking=True``) and fast, but pinning
+a buffer is slow (a system call that locks its pages), so buffers are kept and handed out again rather
+than pinned per transfer. Buffers are matched by byte size: a released buffer serves any later request
+of the same size, whatever its shape or dtype.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Sequence
+
+import torch
+
+__all__ = ["PinnedPool"]
+
+
+class PinnedPool:
+    """Reusable host buffers; thread-safe (every device thread may acquire and release).
+
+    ``pin``: page-lock the buffers (needs an accelerator build with a device present); False gives plain
+    ``torch.empty`` buffers, still reused, for machines with little RAM or no accelerator.
+    """
+
+    def __init__(self, *, pin: bool) -> None:
+        if pin and not torch.cuda.is_available():
+            raise ValueError(
+                "PinnedPool(pin=True) needs an accelerator (torch.cuda.is_available() is False here); "
+                "pass pin=False"
+            )
+        self.pin = pin
+        self._lock = threading.Lock()
+        self._free: dict[int, list[torch.Tensor]] = {}  # byte size -> released uint8 buffers
+        self._in_use: dict[int, torch.Tensor] = {}  # data_ptr -> the uint8 buffer handed out
+        self._bytes_in_use = 0
+        self._bytes_free = 0
+
+    @property
+    def bytes_in_use(self) -> int:
+        """Bytes of buffers acquired and not yet released."""
+        return self._bytes_in_use
+
+    @property
+    def bytes_reserved(self) -> int:
+        """Bytes the pool holds in all: in use plus kept for reuse."""
+        return self._bytes_in_use + self._bytes_free
+
+    def acquire(self, shape: Sequence[int] | torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        """A contiguous host tensor of ``shape`` and ``dtype`` (contents undefined); give it back with ``release``."""
+        shape = torch.Size(shape)
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes == 0:  # nothing to pin or reuse; release() accepts it and does nothing
+            return torch.empty(shape, dtype=dtype)
+        with self._lock:
+            kept = self._free.get(nbytes)
+            if kept:
+                buffer = kept.pop()
+                self._bytes_free -= nbytes
+            else:
+                buffer = None
+        if buffer is None:  # allocate (and pin) outside the lock: it can take milliseconds
+            buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pin)
+        with self._lock:
+            self._in_use[buffer.data_ptr()] = buffer
+            self._bytes_in_use += nbytes
+        return buffer.view(dtype).view(shape)
+
+    def release(self, tensor: torch.Tensor) -> None:
+        """Return a tensor from ``acquire`` for reuse. Any copy still reading or writing it must be done."""
+        if tensor.numel() == 0:
+            return
+        with self._lock:
+            buffer = self._in_use.pop(tensor.data_ptr(), None)
+            if buffer is None:
+                raise ValueError(
+                    "release() got a tensor this pool did not hand out (or one released already); "
+                    "release exactly the tensor acquire() returned, once"
+                )
+            nbytes = buffer.numel()
+            self._bytes_in_use -= nbytes
+            self._bytes_free += nbytes
+            self._free.setdefault(nbytes, []).append(buffer)
+
+    def clear(self) -> None:
+        """Drop the buffers kept for reuse (in-use buffers stay valid), returning their memory."""
+        with self._lock:
+            self._free.clear()
+            self._bytes_free = 0
+
+    def __repr__(self) -> str:
+        return f"PinnedPool(pin={self.pin}, bytes_in_use={self.bytes_in_use}, bytes_reserved={self.bytes_reserved})"

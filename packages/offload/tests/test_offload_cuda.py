@@ -1,0 +1,86 @@
+"""The real accelerator path: pinned host memory, CUDA/ROCm streams and events. Skipped without a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from offload_models import batch, loss_of, reference_grads, tied_layers
+
+from bubbleless_offload import (
+    DeviceStreams,
+    DeviceWeights,
+    HostStore,
+    PinnedPool,
+    stream_context,
+    to_device,
+    to_host,
+)
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU: runs the real streams and pinned memory"
+)
+
+ALL = (0, 1, 2, 3)
+
+
+def test_streams_are_real_cuda_streams_on_an_indexed_device():
+    streams = DeviceStreams("cuda")
+    assert streams.device.index is not None
+    assert all(isinstance(getattr(streams, kind), torch.cuda.Stream) for kind in DeviceStreams.KINDS)
+    assert len({id(getattr(streams, kind)) for kind in DeviceStreams.KINDS}) == 4
+    event = streams.record(streams.weights_in)
+    event.wait(streams.compute)
+    event.synchronize()
+    assert event.query()
+
+
+def test_store_pins_working_weights_by_default_and_fp32_masters_stay_aliases():
+    store = HostStore(tied_layers())
+    assert store.pin_memory and store.pool.pin
+    assert all(hp.param.device.type == "cpu" and hp.param.is_pinned() for hp in store.params)
+    assert all(hp.master.data_ptr() == hp.param.data_ptr() for hp in store.trainable)
+
+
+def test_layers_on_the_gpu_are_moved_to_the_host():
+    layers = [layer.cuda() for layer in tied_layers()]
+    store = HostStore(layers)
+    assert all(hp.param.device.type == "cpu" for hp in store.params)
+    assert all(b.device.type == "cpu" for layer in layers for b in layer.buffers())
+
+
+def test_a_job_on_the_gpu_gives_the_cpu_gradients():
+    layers = tied_layers()
+    batches = [batch(1), batch(2)]
+    expected = reference_grads(layers, batches)
+    store = HostStore(layers)
+    streams = DeviceStreams("cuda")
+    weights = DeviceWeights(store, streams.device, streams=streams)
+    job = weights.load(ALL)
+    assert all(p.device == streams.device for module in job.modules for p in module.parameters())
+    assert job.modules[0].emb.weight is job.modules[3].proj.weight
+    with stream_context(streams.compute):
+        job.ready.wait(streams.compute)
+        for tokens, targets in batches:
+            loss_of(job.modules, tokens.to(streams.device), targets.to(streams.device)).backward()
+    weights.store_grads(job).synchronize()
+    weights.release(job)
+    assert weights.resident_bytes == 0
+    for hp in store.trainable:
+        torch.testing.assert_close(hp.grad, expected[id(hp.param)], rtol=1e-4, atol=1e-5)
+
+
+def test_activations_round_trip_through_pinned_host_buffers_on_side_streams():
+    streams = DeviceStreams("cuda")
+    pool = PinnedPool(pin=True)
+    with stream_context(streams.compute):
+        produced = torch.randn(512, 512, device=streams.device) * 3
+        host, copied = to_host(produced, stream=streams.out, pool=pool)
+    copied.synchronize()
+    assert host.is_pinned() and torch.equal(host, produced.cpu())
+    back, arrived = to_device(host, streams.device, stream=streams.activations_in, used_on=streams.compute)
+    arrived.wait(streams.compute)
+    with stream_context(streams.compute):
+        assert torch.equal(back, produced)
+    arrived.synchronize()
+    pool.release(host)
+    assert pool.bytes_in_use == 0
