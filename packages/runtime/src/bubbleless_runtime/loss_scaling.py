@@ -14,6 +14,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from bubbleless_offload import DynamicLossScaler as CoreLossScaler
+
 from .collectives import all_reduce
 
 
@@ -30,39 +32,20 @@ class ScaledLoss:
         return self.loss_fn(output, target) * self.factor
 
 
-class DynamicLossScaler:
-    """fp16 loss scaling: halve on overflow (step skipped on all ranks), double after a run of good steps."""
+class DynamicLossScaler(CoreLossScaler):
+    """fp16 loss scaling: halve on overflow (step skipped on all ranks), double after a run of good steps.
 
-    def __init__(self, *, initial_scale: float = 2.0**16, growth_interval: int = 200, enabled: bool = True):
-        self.scale = initial_scale if enabled else 1.0
-        self.growth_interval = growth_interval
-        self.enabled = enabled
-        self.good_steps = 0
+    The scale arithmetic is ``bubbleless_offload.DynamicLossScaler``'s; this class adds only the
+    all-reduce that makes every rank see the same overflow flag.
+    """
 
     def unscale_and_check(self, params: Sequence[nn.Parameter], group) -> bool:
         """Divide grads by the scale; True if any rank found inf/nan (then the step must be skipped)."""
         if not self.enabled:
             return False
-        overflow = torch.zeros(())
-        for p in params:
-            if p.grad is not None:
-                p.grad.mul_(1.0 / self.scale)
-                if not torch.isfinite(p.grad).all():
-                    overflow.fill_(1.0)
+        local = self.unscale_([p.grad for p in params])
+        overflow = torch.full((), 1.0 if local else 0.0)
         all_reduce(overflow, dist.ReduceOp.MAX, group)
         found = bool(overflow.item())
-        if found:
-            self.scale /= 2.0
-            self.good_steps = 0
-        else:
-            self.good_steps += 1
-            if self.good_steps == self.growth_interval:
-                self.scale *= 2.0
-                self.good_steps = 0
+        self.update(found)
         return found
-
-    def state_dict(self) -> dict:
-        return {"scale": self.scale, "good_steps": self.good_steps}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.scale, self.good_steps = state["scale"], state["good_steps"]
