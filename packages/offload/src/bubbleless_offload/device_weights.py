@@ -105,11 +105,6 @@ class DeviceWeights:
             raise ValueError(f"load() needs distinct layer indices, got {layers}")
         nbytes = self.store.weight_bytes(layers)  # also checks the indices
         with self._lock:
-            if any(job.layers == layers for job in self._live):
-                raise ValueError(
-                    f"the job over layers {layers} is already loaded on {self.device}; release it before loading "
-                    f"it again"
-                )
             self.budget.reserve(nbytes, f"weights of layers {layers}")
             job = LoadedJob(layers=layers, modules=[], ready=None, nbytes=nbytes, _shells=[])
             self._live.append(job)

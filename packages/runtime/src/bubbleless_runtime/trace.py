@@ -90,6 +90,9 @@ _COST_SHARES = {  # kind -> (Costs field, share of the span); a fused B counts h
     Kind.I: (("backward_input", 1.0),),
     Kind.W: (("backward_weight", 1.0),),
     Kind.B: (("backward_input", 0.5), ("backward_weight", 0.5)),
+    Kind.R: (("recompute", 1.0),),  # the round-robin pool's actions
+    Kind.LOAD: (("load", 1.0),),
+    Kind.STORE: (("store", 1.0),),
 }
 
 
@@ -111,4 +114,8 @@ def calibrated_costs(timeline: Timeline) -> Costs:
 
     latencies = transfer_latencies(timeline)
     comm = max(0.0, median(latencies)) if latencies else 0.0
-    return Costs(per_stage("forward"), per_stage("backward_input"), per_stage("backward_weight"), comm)
+    kinds = {span.action.kind for span in timeline.spans}
+    pool = {}
+    if Kind.R in kinds or Kind.LOAD in kinds:  # round-robin: per-job recompute and transfers too
+        pool = {"recompute": per_stage("recompute"), "load": per_stage("load"), "store": per_stage("store")}
+    return Costs(per_stage("forward"), per_stage("backward_input"), per_stage("backward_weight"), comm, **pool)

@@ -1,0 +1,270 @@
+"""``RoundRobinPipeline``: RoundPipe's stateless device pool, run for real in one process.
+
+    pipe = RoundRobinPipeline(layers, devices=["cuda:0", "cuda:1"], num_microbatches=8, loss_fn=loss_fn,
+                              partition="auto", sample_input=inputs.chunk(8)[0])
+    loss = pipe.step(inputs, targets)   # the summed loss; .grad of the caller's parameters is filled
+    optimizer.step()
+
+    pipe = RoundRobinPipeline(..., optimizer={"name": "adamw", "lr": 1e-4, "max_grad_norm": 1.0})
+    loss = pipe.step(inputs, targets)   # and the host optimizer has stepped the fp32 masters
+
+Every weight, gradient and optimizer state lives in host memory (``bubbleless_offload.HostStore``); the
+devices are a pool of stateless workers, one thread each, running the jobs the ``roundrobin`` schedule
+gives them (``pool_worker``). The same code runs on CPU "devices" (``devices=["cpu"] * 4``) with real
+copies, so its logic and gradients are tested on every machine.
+
+Synchronous consistency: the forward, recompute and backward of one step all read the weights as they
+were when the step began; the host optimizer (if any) steps after the last gradient is down.
+
+Errors: an exception in any worker (an out-of-memory included) stops every other worker at its next
+wait, the devices are cleared, the host gradients of the failed step are dropped, and ``step`` raises
+that first exception, noting the device and action; the pipeline is usable for the next ``step``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+
+import torch
+
+from bubbleless_offload import DeviceOutOfMemory, HostOptimizer, HostStore, MemoryBudget
+from bubbleless_partition import Partition, Profile
+from bubbleless_schedules import Costs, Schedule, Span, Timeline, add_weight_transfers, peak_memory, simulate
+from bubbleless_schedules.action import STAGE_KINDS
+from bubbleless_schedules.roundrobin_layout import PoolGroups, peak_weight_layers, pool_groups
+
+from . import pool_plan
+from .batches import check_batch, signature_of, split_batch
+from .pool_board import Board, PoolAborted
+from .pool_memory import check_fits
+from .pool_routes import routes_of
+from .pool_worker import POOL, DeviceWorker, PoolStep, WorkerState, run_worker
+from .stages import layers_of
+
+DEFAULT_TIMEOUT = 300.0
+
+
+def _devices(devices) -> list[torch.device]:
+    if isinstance(devices, (str, torch.device)) or not isinstance(devices, Sequence) or not devices:
+        raise ValueError(f"devices must be a non-empty list such as ['cuda:0', 'cuda:1'] or ['cpu'] * 4, got {devices!r}")
+    resolved = []
+    for d in devices:
+        try:
+            device = torch.device(d)
+        except (RuntimeError, TypeError):
+            raise ValueError(f"device {d!r} is not a torch device name ('cpu', 'cuda:0', ...)") from None
+        if device.type == "cuda":
+            if not torch.cuda.is_available():
+                raise ValueError(f"device {d!r} asked for but no GPU is visible; use devices=['cpu', ...] here")
+            index = 0 if device.index is None else device.index
+            if index >= torch.cuda.device_count():
+                raise ValueError(f"device {d!r}: only {torch.cuda.device_count()} GPUs are visible")
+            device = torch.device("cuda", index)
+        elif device.type != "cpu":
+            raise ValueError(f"device {d!r}: the pool runs on 'cpu' and 'cuda' devices (ROCm builds name theirs cuda)")
+        resolved.append(device)
+    return resolved
+
+
+class RoundRobinPipeline:
+    """A model cut into round-robin jobs over a pool of devices; ``step`` runs one iteration.
+
+    ``model``: an ``nn.Sequential`` or a list of layers (the Hugging Face adapters give these).
+    ``partition``: see ``pool_plan`` (``"auto"`` needs ``sample_input``, one micro-batch of inputs).
+    ``optimizer``: None (fill ``.grad`` of the caller's parameters, as ``Pipeline`` does) or the keyword
+    arguments of ``bubbleless_offload.HostOptimizer`` (``{"name": "adamw", "lr": ...}``).
+    ``memory_budget``: bytes each device may hold; a plan that cannot fit is refused here, and the
+    executor counts every tensor it places at run time (``DeviceOutOfMemory`` from ``step``).
+    ``pin_memory``: host weights in pinned buffers (default: when a GPU is in ``devices``).
+    """
+
+    def __init__(self, model, *, devices, num_microbatches: int, loss_fn: Callable | None,
+                 schedule: str | Schedule = "roundrobin", partition="auto", optimizer=None,
+                 memory_budget: float | None = None, sample_input=None, costs: Costs | None = None,
+                 schedule_options: dict | None = None, pin_memory: bool | None = None,
+                 timeout: float = DEFAULT_TIMEOUT, trace: bool = True) -> None:
+        if loss_fn is None or not callable(loss_fn):
+            raise ValueError("loss_fn is required: pass loss_fn=callable(output, target) -> scalar Tensor")
+        if isinstance(num_microbatches, bool) or not isinstance(num_microbatches, int) or num_microbatches < 1:
+            raise ValueError(f"num_microbatches must be a positive integer, got {num_microbatches!r}")
+        if not timeout > 0:
+            raise ValueError(f"timeout is in seconds and must be positive, got {timeout!r}")
+        if memory_budget is not None and not (isinstance(memory_budget, (int, float)) and memory_budget > 0):
+            raise ValueError(f"memory_budget is bytes per device and must be positive, got {memory_budget!r}")
+        self.devices = _devices(devices)
+        self.layers = layers_of(model)
+        self.num_microbatches = num_microbatches
+        self.loss_fn = loss_fn
+        self.timeout = float(timeout)
+        self.trace = trace
+        self.memory_budget = memory_budget
+        self.profile: Profile | None = None
+        self.stage_costs: Costs | None = costs
+        self.schedule = self._plan(schedule, partition, sample_input, costs, dict(schedule_options or {}))
+        self.groups: PoolGroups = pool_groups(self.schedule)
+        self.partition = self.groups
+        pin = any(d.type == "cuda" for d in self.devices) if pin_memory is None else pin_memory
+        self.store = HostStore(self.layers, pin_memory=pin)
+        check_fits(self.schedule, self.store, memory_budget, self.devices, self.profile)
+        self.optimizer = None if optimizer is None else HostOptimizer(self.store, **dict(optimizer))
+        self.routes = routes_of(self.schedule)
+        self.interpreter = POOL
+        self.workers = [
+            DeviceWorker(index=i, device=d, store=self.store, routes=self.routes, actions=self.schedule.actions[i],
+                         budget=MemoryBudget(memory_budget, d), pin_memory=pin)
+            for i, d in enumerate(self.devices)
+        ]
+        self.holds_loss = True
+        self.group = None
+        self.num_ranks = 1
+        self.last_step_result = None
+        self._last_spans: list | None = None
+
+    # -- planning ------------------------------------------------------------------------------------
+    def _plan(self, schedule, partition, sample_input, costs, options) -> Schedule:
+        num_layers, num_devices = len(self.layers), len(self.devices)
+        if isinstance(schedule, Schedule):
+            if not any(a.kind in STAGE_KINDS for _, _, a in schedule.all_actions()):
+                schedule = add_weight_transfers(schedule)  # a hand-written order without LOAD/STORE
+            return pool_plan.check_schedule(schedule, num_layers=num_layers, num_devices=num_devices,
+                                            num_microbatches=self.num_microbatches)
+        if not isinstance(schedule, str):
+            raise ValueError(f"schedule must be a schedule name or a Schedule, got {schedule!r}")
+        groups = None
+        if isinstance(partition, str) and partition == "auto" or isinstance(partition, Profile):
+            self.profile = partition if isinstance(partition, Profile) else pool_plan.profile_layers(self.layers,
+                                                                                                   sample_input)
+            if self.profile.num_layers != num_layers:
+                raise ValueError(f"the profile has {self.profile.num_layers} layers but the model has {num_layers}")
+            bandwidth = pool_plan.copy_bandwidth(self.devices[0])
+            cap = None if self.memory_budget is None else self.memory_budget / 2  # two jobs' weights at once
+            groups, generated, self.stage_costs = pool_plan.auto_groups(
+                self.profile, num_devices=num_devices, num_microbatches=self.num_microbatches, name=schedule,
+                options=options, bandwidth=bandwidth, memory_cap=cap)
+            return pool_plan.check_schedule(generated, num_layers=num_layers, num_devices=num_devices,
+                                            num_microbatches=self.num_microbatches)
+        if isinstance(partition, Partition):
+            groups = pool_plan.groups_from_partition(partition)
+        elif isinstance(partition, PoolGroups):
+            groups = partition
+        elif not (partition is None or partition == "even"):
+            raise ValueError(
+                f"partition {partition!r} is not a round-robin cut; pass 'auto', 'even', a PoolGroups, a "
+                "bubbleless_partition Profile, or a Partition from cut(method='roundrobin')"
+            )
+        generated = pool_plan.generate_pool(schedule, groups, num_layers=num_layers, num_devices=num_devices,
+                                            num_microbatches=self.num_microbatches, costs=costs, options=options)
+        return pool_plan.check_schedule(generated, num_layers=num_layers, num_devices=num_devices,
+                                        num_microbatches=self.num_microbatches)
+
+    # -- running -------------------------------------------------------------------------------------
+    def parameters(self):
+        """The caller's parameters (each once): host-resident, what ``.grad`` is filled on."""
+        return iter([hp.param for hp in self.store.params])
+
+    def step(self, inputs, targets, *, optimizer_step: bool = True):
+        """One iteration over ``inputs``/``targets`` (split into the micro-batches); the summed loss."""
+        check_batch(inputs, targets, self.num_microbatches)
+        micro_inputs = split_batch(inputs, self.num_microbatches, torch.device("cpu"))
+        micro_targets = split_batch(targets, self.num_microbatches, torch.device("cpu"))
+        self.store.zero_grad()
+        board = Board(self.timeout, self.routes.readers)
+        shared = PoolStep(micro_inputs, micro_targets, board, self.loss_fn)
+        states = [WorkerState(shared) for _ in self.workers]
+        autocast = _autocast_dtype(self.devices)
+        errors: list = [None] * len(self.workers)
+
+        def body(index: int) -> None:
+            try:
+                run_worker(self.workers[index], states[index], self.interpreter, autocast)
+            except BaseException as error:  # noqa: BLE001 - handed to the caller below
+                errors[index] = error
+                board.fail(error)
+
+        threads = [threading.Thread(target=body, args=(i,), name=f"bubbleless-pool-{i}", daemon=True)
+                   for i in range(len(self.workers))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if board.failure is not None:
+            self._recover()
+            raise self._explain(board.failure, errors, states) from None
+        if self.optimizer is None:
+            self.store.grads_to_params()
+        elif optimizer_step:
+            self.last_step_result = self.optimizer.step()
+        self._last_spans = [s.spans for s in states] if self.trace else None
+        self._timeline = None
+        return torch.stack([shared.losses[m].float().cpu() for m in range(self.num_microbatches)]).sum()
+
+    def _explain(self, failure: BaseException, errors, states) -> BaseException:
+        """The root failure (never a worker it stopped), noted with its device, action and what to change."""
+        for index, error in enumerate(errors):
+            if error is not failure or not hasattr(failure, "add_note"):
+                continue
+            worker, done = self.workers[index], len(states[index].spans)
+            action = worker.actions[done] if done < len(worker.actions) else None
+            failure.add_note(
+                f"raised on {worker.name} of the round-robin pool running {action}; the step was abandoned, the "
+                "devices cleared and the step's gradients dropped: the pipeline can run the next step"
+            )
+            if _out_of_memory(failure):
+                g = self.groups
+                failure.add_note(
+                    f"tried: groups forward={list(g.forward)} last={g.last} backward={list(g.backward)}, "
+                    f"{self.num_microbatches} micro-batches of {signature_of(states[index].step.inputs[0])}, "
+                    f"memory_budget={self.memory_budget}; use more micro-batches, shorter sequences, or smaller "
+                    "groups (more backward groups, or partition='auto' with memory_budget set)"
+                )
+        assert not isinstance(failure, PoolAborted), "the first failure is a root cause by construction"
+        return failure
+
+    def _recover(self) -> None:
+        for worker in self.workers:
+            worker.reset()
+        self.store.zero_grad()
+
+    # -- timelines -----------------------------------------------------------------------------------
+    def predicted_timeline(self, costs: Costs | None = None) -> Timeline:
+        """The simulator's timeline for this schedule (default: the profiled per-job costs, else unit)."""
+        return simulate(self.schedule, costs or self.stage_costs)
+
+    @property
+    def last_timeline(self) -> Timeline | None:
+        """The measured timeline of the last step: one row per device, LOAD and STORE included."""
+        if self._last_spans is None:
+            return None
+        if getattr(self, "_timeline", None) is None:
+            spans = [(w, a, s, e) for w, row in enumerate(self._last_spans) for a, s, e in row]
+            origin = min((s for _, _, s, _ in spans), default=0.0)
+            self._timeline = Timeline(self.schedule, tuple(Span(w, a, s - origin, e - origin) for w, a, s, e in spans),
+                                      peak_memory(self.schedule))
+        return self._timeline
+
+    def peak_weight_layers(self) -> tuple[int, ...]:
+        return peak_weight_layers(self.schedule)
+
+
+def _out_of_memory(error: BaseException) -> bool:
+    cuda_oom = getattr(torch.cuda, "OutOfMemoryError", ())
+    return isinstance(error, (DeviceOutOfMemory, cuda_oom, MemoryError))
+
+
+def _autocast_dtype(devices) -> torch.dtype | None:
+    """The caller's autocast dtype for the pool's device type (worker threads do not inherit it)."""
+    kind = devices[0].type
+    try:
+        enabled = torch.is_autocast_enabled(kind)
+    except TypeError:  # torch < 2.4 has no device argument
+        enabled = torch.is_autocast_enabled() if kind == "cuda" else torch.is_autocast_cpu_enabled()
+    if not enabled:
+        return None
+    try:
+        return torch.get_autocast_dtype(kind)
+    except AttributeError:
+        return torch.get_autocast_gpu_dtype() if kind == "cuda" else torch.get_autocast_cpu_dtype()
+
+
+__all__ = ["DEFAULT_TIMEOUT", "RoundRobinPipeline"]

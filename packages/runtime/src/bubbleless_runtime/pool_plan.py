@@ -1,0 +1,150 @@
+"""What the device pool runs: the round-robin schedule, its group cut, and whether it fits the budget.
+
+``partition`` of ``RoundRobinPipeline``:
+
+- ``None`` or ``"even"``: the ``roundrobin`` generator's default groups for the model's layer count;
+- a ``PoolGroups`` (forward groups, the fused last group, backward groups, in layer counts);
+- a ``bubbleless_partition.Partition`` made by ``cut(method="roundrobin")``, whose two groupings both
+  end with the fused group (``groups_from_partition`` is the one place that converts);
+- a ``bubbleless_partition.Profile`` (measured elsewhere, or analytic): cut here, as for ``"auto"``;
+- ``"auto"``: profile the layers on ``sample_input`` and cut. Every count of backward groups from 1 to
+  ``3 x devices`` is cut (min-max job times, ``bubbleless_partition``), dispatched, and simulated under
+  the profiled per-job costs; the fastest plan is kept (balance is a proxy, the simulated step the goal).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from bubbleless_partition import LayerCost, Partition, Profile, cut
+from bubbleless_schedules import Costs, Schedule, generate, simulate, validate
+from bubbleless_schedules.roundrobin_layout import PoolGroups, pool_groups
+
+from .auto_partition import measure
+
+
+def groups_from_partition(partition: Partition) -> PoolGroups:
+    """``PoolGroups`` of a round-robin ``Partition``: partition counts the fused last group at the end
+    of both groupings, the schedule keeps it apart."""
+    if partition.backward is None:
+        raise ValueError(
+            f"partition {list(partition.sizes)} was cut with method {partition.method!r}; the device pool needs "
+            "a round-robin cut (bubbleless_partition.cut(..., method='roundrobin')) or a PoolGroups"
+        )
+    forward, backward = partition.sizes, partition.backward.sizes
+    return PoolGroups(tuple(forward[:-1]), forward[-1], tuple(backward[:-1]))
+
+
+def generate_pool(name: str, groups: PoolGroups | None, *, num_layers: int, num_devices: int, num_microbatches: int,
+                  costs: Costs | None, options: dict) -> Schedule:
+    cut_options = {"num_layers": num_layers}
+    if groups is not None:
+        cut_options.update(forward_stages=list(groups.forward), last_layers=groups.last,
+                           backward_stages=list(groups.backward))
+    overlap = sorted(set(cut_options) & set(options) - {"num_layers"})
+    if groups is not None and overlap:
+        raise ValueError(f"schedule_options {overlap} conflict with the partition's cut; give one or the other")
+    return generate(name, num_ranks=num_devices, num_microbatches=num_microbatches, costs=costs,
+                    **{**options, **cut_options})
+
+
+def job_costs(profile: Profile, groups: PoolGroups, *, bandwidth: float | None) -> Costs:
+    """Per-job simulator costs (ms) from a per-layer profile; LOAD/STORE move weight/gradient bytes at
+    ``bandwidth`` GB/s (None: free)."""
+    def total(layers, pick) -> float:
+        return sum(pick(profile.layers[i]) for i in layers)
+
+    forward, recompute, back_in, back_w, load, store = [], [], [], [], [], []
+    for job in range(groups.num_stages):
+        layers = groups.layers(job)
+        role = groups.role(job)
+        forward.append(total(layers, lambda c: c.forward))
+        recompute.append(total(layers, lambda c: c.recompute))
+        back_in.append(total(layers, lambda c: c.input_grad) if role != "forward" else 0.0)
+        back_w.append(total(layers, lambda c: c.weight_grad) if role != "forward" else 0.0)
+        moved = total(layers, lambda c: c.param_bytes)
+        seconds = 0.0 if bandwidth is None else moved / (bandwidth * 1e6)
+        load.append(seconds)
+        store.append(seconds if role != "forward" else 0.0)
+    return Costs(tuple(forward), tuple(back_in), tuple(back_w), 0.0, recompute=tuple(recompute),
+                 load=tuple(load), store=tuple(store))
+
+
+def copy_bandwidth(device: torch.device, nbytes: int = 1 << 24) -> float:
+    """GB/s of one host -> device copy of ``nbytes`` (a real copy, also for a CPU device)."""
+    source = torch.empty(nbytes, dtype=torch.uint8)
+    target = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    target.copy_(source)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    for _ in range(3):
+        target.copy_(source)
+    sync()
+    return 3 * nbytes / max(time.perf_counter() - start, 1e-9) / 1e9
+
+
+def auto_groups(profile: Profile, *, num_devices: int, num_microbatches: int, name: str, options: dict,
+                bandwidth: float | None, memory_cap: float | None) -> tuple[PoolGroups, Schedule, Costs]:
+    """The cut and schedule the simulator predicts fastest among 1 .. 3 x devices backward groups."""
+    best = None
+    errors = []
+    for count in range(1, min(profile.num_layers, 3 * num_devices) + 1):
+        try:
+            partition = cut(profile, num_stages=count, method="roundrobin", num_microbatches=num_microbatches,
+                            memory_cap=memory_cap)
+        except ValueError as error:
+            errors.append(str(error))
+            continue
+        groups = groups_from_partition(partition)
+        costs = job_costs(profile, groups, bandwidth=bandwidth)
+        schedule = generate_pool(name, groups, num_layers=profile.num_layers, num_devices=num_devices,
+                                 num_microbatches=num_microbatches, costs=costs, options=options)
+        makespan = simulate(schedule, costs).makespan
+        if best is None or makespan < best[0] - 1e-12:
+            best = (makespan, groups, schedule, costs)
+    if best is None:
+        raise ValueError(f"no round-robin cut of the profile fits: {errors[-1]}")
+    return best[1], best[2], best[3]
+
+
+def profile_layers(layers, sample_input) -> Profile:
+    """The layers measured where they are (host memory for the pool) on one micro-batch."""
+    if sample_input is None:
+        raise ValueError(
+            "partition='auto' profiles the layers on one micro-batch: pass sample_input= (e.g. "
+            "inputs.chunk(num_microbatches)[0]), or give partition= a Profile, a Partition or a PoolGroups"
+        )
+    return measure(layers, sample_input)
+
+
+def check_schedule(schedule: Schedule, *, num_layers: int, num_devices: int, num_microbatches: int) -> Schedule:
+    """ValueError unless ``schedule`` is a valid round-robin schedule for this model and pool."""
+    if schedule.layout != "roundrobin":
+        raise ValueError(
+            f"{schedule.name or 'this schedule'!r} binds stages to ranks (layout {schedule.layout!r}); "
+            "RoundRobinPipeline runs round-robin pool schedules (schedule='roundrobin'); use Pipeline for it"
+        )
+    groups = pool_groups(schedule)
+    if groups.num_layers != num_layers:
+        raise ValueError(
+            f"schedule {schedule.name!r} cuts {groups.num_layers} layers but the model has {num_layers}; "
+            f"generate it with num_layers={num_layers}"
+        )
+    if schedule.num_workers != num_devices:
+        raise ValueError(
+            f"schedule {schedule.name!r} is for {schedule.num_workers} devices but devices= lists {num_devices}"
+        )
+    if schedule.num_microbatches != num_microbatches:
+        raise ValueError(
+            f"schedule {schedule.name!r} has {schedule.num_microbatches} micro-batches but num_microbatches="
+            f"{num_microbatches}; pass num_microbatches={schedule.num_microbatches}"
+        )
+    validate(schedule)
+    return schedule
+
+
+__all__ = ["LayerCost", "auto_groups", "check_schedule", "copy_bandwidth", "generate_pool", "groups_from_partition",
+           "job_costs", "profile_layers"]

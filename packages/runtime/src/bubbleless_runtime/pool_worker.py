@@ -1,0 +1,301 @@
+"""The device pool's back end: one ``DeviceWorker`` per device, its handlers, run by the interpreter core.
+
+A worker runs its device's actions of a round-robin schedule (``bubbleless_schedules`` generator
+``roundrobin``) in order, on its own thread:
+
+- ``LOAD j``: upload job j's weights (``bubbleless_offload.DeviceWeights``) unless prefetched, then
+  prefetch the device's next job, so at most two jobs' weights sit on the device.
+- ``F`` of a forward job: no graph; the activations entering the layers where a backward group (or
+  the last group) starts, and the job's output, go to host memory as the F event's payload.
+- ``F`` then ``B`` of the last group: forward with a graph, the loss, its backward; the gradient of the
+  group's input goes to host as the G event.
+- ``R`` then ``B`` of a backward group: recompute the forward from the saved host activation, then
+  backpropagate the gradient the job above left on the board.
+- ``STORE j``: add the job's weight gradients into the host's fp32 accumulators and drop its weights
+  (a forward job's weights are dropped after its last F).
+
+What an action waits for and where its tensors come from is ``pool_routes`` (the layout's events);
+activations cross devices only through the board's host copies, so devices run as a wavefront.
+Every tensor placed on the device is counted against the device's ``MemoryBudget``: weights by
+``DeviceWeights``, uploaded inputs and the activations autograd saves (through saved-tensor hooks,
+which are per thread) here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import torch
+
+from bubbleless_offload import DeviceStreams, DeviceWeights, MemoryBudget, stream_context, to_device, to_host
+from bubbleless_schedules import Action, Kind
+
+from .comm import as_tuple
+from .interpreter import Interpreter
+from .pool_board import Board
+from .pool_routes import Routes
+
+
+def _carries_grad(t: torch.Tensor) -> bool:
+    return t.is_floating_point() or t.is_complex()
+
+
+@dataclass(frozen=True)
+class HostActivation:
+    """Host copies of an activation (a Tensor or a tuple of them) and the event their copy completes."""
+
+    tensors: tuple
+    is_tuple: bool
+    ready: object
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors)
+
+
+@dataclass
+class PoolStep:
+    """What every worker of one step shares."""
+
+    inputs: list
+    targets: list
+    board: Board
+    loss_fn: object
+    losses: dict = field(default_factory=dict)
+
+
+@dataclass
+class WorkerState:
+    """One worker's share of one step: the interpreter's state."""
+
+    step: PoolStep
+    spans: list = field(default_factory=list)
+    blocked: float = 0.0
+
+
+class DeviceWorker:
+    """One device of the pool: its weights, streams, memory budget and the graphs of its running job."""
+
+    def __init__(self, *, index: int, device: torch.device, store, routes: Routes, actions, budget: MemoryBudget,
+                 pin_memory: bool = False) -> None:
+        self.index = index
+        self.device = device
+        self.routes = routes
+        self.groups = routes.groups
+        self.actions = tuple(actions)
+        self.budget = budget
+        self.streams = DeviceStreams(device)
+        self.weights = DeviceWeights(store, device, streams=self.streams, budget=budget)
+        self.pin_memory = pin_memory
+        self.loaded: dict = {}  # job -> LoadedJob on this device
+        self.graphs: dict = {}  # (job, mb) -> (roots, leaves) kept from R or the last group's F until its B
+        self.reserved: dict = {}  # (job, mb) -> activation bytes reserved on the budget
+        jobs = list(dict.fromkeys(a.stage for a in self.actions))
+        self.next_job = dict(zip(jobs, jobs[1:], strict=False))
+        self.last_action = {a.stage: a for a in self.actions}  # a job's weights go after its last action here
+        self.name = f"device {index} ({device})"
+
+    # -- the interpreter's back-end interface --------------------------------------------------------
+    def post(self, work) -> None:  # pool handlers finish their own work (copies are stream-ordered)
+        for event in work:
+            event.synchronize()
+
+    def reset(self) -> None:
+        """Drop everything a failed step left on the device, so the next step starts clean."""
+        self.graphs.clear()
+        for nbytes in self.reserved.values():
+            self.budget.free(nbytes)
+        self.reserved.clear()
+        for loaded in self.loaded.values():
+            self.weights.release(loaded)
+        self.loaded.clear()
+
+    # -- helpers -------------------------------------------------------------------------------------
+    def _wait(self, action: Action, state: WorkerState) -> dict:
+        """Payloads of the board events ``action`` waits for, adding the seconds waited to ``blocked``."""
+        payloads = {}
+        for event in self.routes.waits[action]:
+            payload, waited = state.step.board.get(event, f"{self.name} running {action}")
+            state.blocked += waited
+            payloads[event] = payload
+        return payloads
+
+    def _publish(self, action: Action, state: WorkerState, payload=None) -> None:
+        """Post every event ``action`` produces (the layout's list); the payload rides on the first."""
+        for position, event in enumerate(self.routes.produces[action]):
+            state.step.board.put(event, payload if position == 0 else None)
+
+    def _job(self, job: int):
+        loaded = self.loaded[job]
+        loaded.ready.wait(self.streams.compute)
+        return loaded
+
+    def _upload(self, payload: HostActivation, what: str):
+        payload.ready.synchronize()
+        self.budget.reserve(payload.nbytes, what)
+        tensors = []
+        with stream_context(self.streams.activations_in):
+            for t in payload.tensors:
+                moved, _ = to_device(t, self.device, stream=self.streams.activations_in, used_on=self.streams.compute)
+                tensors.append(moved)
+        self.streams.record(self.streams.activations_in).wait(self.streams.compute)
+        return (tuple(tensors) if payload.is_tuple else tensors[0]), payload.nbytes
+
+    def _download(self, activation) -> HostActivation:
+        self.streams.record(self.streams.compute).wait(self.streams.out)
+        tensors = []
+        with stream_context(self.streams.out):
+            for t in as_tuple(activation):
+                host, _ = to_host(t.detach(), stream=self.streams.out)
+                tensors.append(host)
+        return HostActivation(tuple(tensors), isinstance(activation, (tuple, list)), self.streams.record(self.streams.out))
+
+    def _input(self, action: Action, state: WorkerState, payloads: dict, at_layer: int):
+        event = self.routes.input_event[action]
+        if event is None:
+            return state.step.inputs[action.microbatch], 0
+        activation, nbytes = self._upload(payloads[event][at_layer], f"the input of {action}")
+        state.step.board.read_done(event)
+        return activation, nbytes
+
+    def _release_if_done(self, action: Action) -> None:
+        if self.last_action[action.stage] == action and action.stage in self.loaded:
+            self.weights.release(self.loaded.pop(action.stage))
+
+    def _graph_forward(self, action: Action, x, loaded, input_bytes: int):
+        """The job's layers with a graph, its saved activations counted on the budget."""
+        tensors = as_tuple(x)
+        leaves = tuple(t.detach().requires_grad_(_carries_grad(t)) for t in tensors)
+        activation = leaves if isinstance(x, (tuple, list)) else leaves[0]
+        key, seen = (action.stage, action.microbatch), set()
+        self.reserved[key] = input_bytes
+        weights = {p.untyped_storage().data_ptr() for module in loaded.modules for p in module.parameters()}
+
+        def pack(t):
+            storage = t.untyped_storage()
+            ptr = storage.data_ptr()
+            if t.device == self.device and ptr not in seen and ptr not in weights:
+                seen.add(ptr)
+                self.budget.reserve(storage.nbytes(), f"the activations {action} saves for its backward")
+                self.reserved[key] += storage.nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            for module in loaded.modules:
+                activation = module(activation)
+        return activation, leaves
+
+    def _finish_backward(self, action: Action, state: WorkerState, roots, grads, leaves) -> None:
+        pairs = [(r, g) for r, g in zip(roots, grads, strict=True) if r.requires_grad]
+        if pairs:
+            torch.autograd.backward([r for r, _ in pairs], [g for _, g in pairs])
+        j, m = action.stage, action.microbatch
+        payload = None
+        if self.routes.needs_input_grad.get(j):
+            payload = self._download(tuple(
+                leaf.grad if leaf.grad is not None else torch.zeros_like(leaf) for leaf in leaves if _carries_grad(leaf)
+            ))
+        self.budget.free(self.reserved.pop((j, m), 0))
+        self._publish(action, state, payload)
+
+
+# -- handlers: handler(worker, action, state) ---------------------------------------------------------
+def load(worker: DeviceWorker, action: Action, state: WorkerState) -> None:
+    job = action.stage
+    if job not in worker.loaded:
+        worker.loaded[job] = worker.weights.load(worker.groups.layers(job))
+    upcoming = worker.next_job.get(job)
+    if upcoming is not None and upcoming not in worker.loaded:  # prefetch: copies overlap this job's compute
+        worker.loaded[upcoming] = worker.weights.load(worker.groups.layers(upcoming))
+    worker._publish(action, state)
+
+
+def forward(worker: DeviceWorker, action: Action, state: WorkerState) -> None:
+    if worker.groups.role(action.stage) == "last":
+        return forward_last(worker, action, state)
+    j = action.stage
+    payloads = worker._wait(action, state)
+    layers = worker.groups.layers(j)
+    loaded = worker._job(j)
+    x, nbytes = worker._input(action, state, payloads, layers.start)
+    saves, saved = worker.routes.saves[j], {}
+    with torch.no_grad(), stream_context(worker.streams.compute):
+        for index, module in zip(layers, loaded.modules, strict=True):
+            if index in saves:
+                saved[index] = worker._download(x)
+            x = module(x)
+        saved[layers.stop] = worker._download(x)
+    worker.budget.free(nbytes)
+    worker._publish(action, state, saved)
+    worker._release_if_done(action)
+
+
+def forward_last(worker: DeviceWorker, action: Action, state: WorkerState) -> None:
+    j, m = action.stage, action.microbatch
+    payloads = worker._wait(action, state)
+    loaded = worker._job(j)
+    x, nbytes = worker._input(action, state, payloads, worker.groups.layers(j).start)
+    with stream_context(worker.streams.compute):
+        out, leaves = worker._graph_forward(action, x, loaded, nbytes)
+        target = state.step.targets[m]
+        target = tuple(t.to(worker.device) for t in target) if isinstance(target, tuple) else target.to(worker.device)
+        loss = state.step.loss_fn(out, target)
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+        raise ValueError("loss_fn must return a scalar Tensor (sum or mean over the micro-batch)")
+    state.step.losses[m] = loss.detach()
+    worker.graphs[(j, m)] = ((loss,), leaves)
+    worker._publish(action, state)
+
+
+def recompute(worker: DeviceWorker, action: Action, state: WorkerState) -> None:
+    j, m = action.stage, action.microbatch
+    payloads = worker._wait(action, state)
+    loaded = worker._job(j)
+    x, nbytes = worker._input(action, state, payloads, worker.groups.layers(j).start)
+    with stream_context(worker.streams.compute):
+        out, leaves = worker._graph_forward(action, x, loaded, nbytes)
+    worker.graphs[(j, m)] = (tuple(t for t in as_tuple(out) if _carries_grad(t)), leaves)
+    worker._publish(action, state)
+
+
+def backward(worker: DeviceWorker, action: Action, state: WorkerState) -> None:
+    j, m = action.stage, action.microbatch
+    payloads = worker._wait(action, state)
+    roots, leaves = worker.graphs.pop((j, m))
+    event = worker.routes.grad_event[action]
+    with stream_context(worker.streams.compute):
+        if event is None:  # the last group: the gradient starts at the loss
+            grads = (None,)
+        else:
+            grads, nbytes = worker._upload(payloads[event], f"the output gradient of {action}")
+            state.step.board.read_done(event)
+            worker.reserved[(j, m)] = worker.reserved.get((j, m), 0) + nbytes
+            grads = as_tuple(grads)
+        worker._finish_backward(action, state, roots, grads, leaves)
+
+
+def store(worker: DeviceWorker, action: Action, state: WorkerState) -> None:
+    worker._wait(action, state)
+    loaded = worker.loaded.pop(action.stage)
+    worker.weights.store_grads(loaded).synchronize()
+    worker.weights.release(loaded)
+    worker._publish(action, state)
+
+
+POOL = Interpreter(
+    name="the device-pool executor",
+    handlers={Kind.LOAD: load, Kind.F: forward, Kind.R: recompute, Kind.B: backward, Kind.STORE: store},
+)
+"""The pool back end's handler table (``POOL.with_handler(kind, fn)`` plugs in another kind)."""
+
+
+def run_worker(worker: DeviceWorker, state: WorkerState, interpreter: Interpreter, autocast) -> None:
+    """A worker thread's body: the device's actions under the caller's autocast setting."""
+    if worker.device.type == "cuda":
+        torch.cuda.set_device(worker.device)
+    context = contextlib.nullcontext()
+    if autocast is not None:
+        context = torch.autocast(device_type=worker.device.type, dtype=autocast)
+    with context:
+        interpreter.run(worker, worker.actions, state)

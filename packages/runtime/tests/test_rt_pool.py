@@ -1,0 +1,222 @@
+"""RoundRobinPipeline on CPU devices: the unpipelined model's gradients, host optimizer steps, errors."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from bubbleless_offload import DeviceOutOfMemory
+from bubbleless_runtime.pool import RoundRobinPipeline
+from bubbleless_runtime.testing import reference_grads, relative_error, tiny_batch, tiny_loss, tiny_model
+from bubbleless_schedules import Schedule, generate
+from bubbleless_schedules.roundrobin_layout import PoolGroups
+
+CPU4 = ["cpu"] * 4
+
+
+def _pool(model, groups, devices=CPU4, m=4, **kwargs):
+    kwargs.setdefault("timeout", 60)
+    return RoundRobinPipeline(model, devices=devices, num_microbatches=m, loss_fn=kwargs.pop("loss_fn", tiny_loss),
+                              partition=groups, **kwargs)
+
+
+def _grads(model):
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _assert_same(model, ref, inputs, targets, m, loss):
+    want_loss, want = reference_grads(ref, inputs, targets, m)
+    got = _grads(model)
+    assert set(got) == set(want)
+    errors = {n: relative_error(got[n], want[n]) for n in want}
+    assert max(errors.values()) <= 1e-5, errors
+    assert abs(float(loss) - float(want_loss)) <= 1e-5 * abs(float(want_loss))
+
+
+CUTS = {
+    # forward groups, last group, backward groups: forward and backward boundaries differ on purpose
+    "asymmetric": PoolGroups((3, 2), 2, (1, 2, 2)),
+    "one-forward-group": PoolGroups((5,), 2, (2, 1, 1, 1)),
+    "all-fused": PoolGroups((), 7, ()),
+    "default": None,
+}
+
+
+@pytest.mark.parametrize("cut", list(CUTS))
+def test_rt_pool_gradients_equal_unpipelined(cut):
+    model, ref = tiny_model(7), tiny_model(7)
+    inputs, targets = tiny_batch(8)
+    pipe = _pool(model, CUTS[cut])
+    loss = pipe.step(inputs, targets)
+    _assert_same(model, ref, inputs, targets, 4, loss)
+
+
+def test_rt_pool_two_devices_and_repeated_steps_accumulate_like_backward():
+    model, ref = tiny_model(6), tiny_model(6)
+    inputs, targets = tiny_batch(6)
+    pipe = _pool(model, PoolGroups((2, 2), 2, (3, 1)), devices=["cpu", "cpu"], m=3)
+    pipe.step(inputs, targets)
+    pipe.step(inputs, targets)  # .grad accumulates across steps, as two loss.backward() calls would
+    _, want = reference_grads(ref, inputs, targets, 3)
+    for name, p in model.named_parameters():
+        assert relative_error(p.grad, 2 * want[name]) <= 1e-5
+
+
+def test_rt_pool_host_adamw_equals_plain_adamw_after_three_steps():
+    model, ref = tiny_model(7), tiny_model(7)
+    batches = [tiny_batch(8, seed=s) for s in (1, 2, 3)]
+    pipe = _pool(model, CUTS["asymmetric"], optimizer={"name": "adamw", "lr": 1e-2, "weight_decay": 0.1,
+                                                       "max_grad_norm": 0.5})
+    params = list(ref.parameters())
+    plain = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+                               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}], lr=1e-2)
+    for inputs, targets in batches:
+        pipe.step(inputs, targets)
+        plain.zero_grad()
+        reference_grads(ref, inputs, targets, 4)
+        torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.5)
+        plain.step()
+    for (name, got), want in zip(model.named_parameters(), ref.parameters(), strict=True):
+        assert relative_error(got.detach(), want.detach()) <= 1e-5, name
+
+
+class Tied(nn.Module):
+    """First and last layer share one weight, as a tied embedding and LM head do."""
+
+    def __init__(self, weight, first):
+        super().__init__()
+        self.weight, self.first = weight, first
+
+    def forward(self, x):
+        return x @ (self.weight if self.first else self.weight.t())
+
+
+def test_rt_pool_tied_weight_gradients_sum_over_both_jobs():
+    torch.manual_seed(0)
+    shared = nn.Parameter(torch.randn(8, 8) / 3)
+    body = [nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(4)]
+    model = nn.Sequential(Tied(shared, True), *body, Tied(shared, False))
+    ref = copy.deepcopy(model)
+    inputs, targets = tiny_batch(8)
+
+    def loss_fn(out, y):
+        return nn.functional.mse_loss(out, y, reduction="sum")
+
+    pipe = _pool(model, PoolGroups((2, 2), 2, (1, 3)), loss_fn=loss_fn)
+    pipe.step(inputs, targets)
+    _, want = reference_grads(ref, inputs, targets, 4, loss_fn=loss_fn)
+    got = _grads(model)
+    assert max(relative_error(got[n], want[n]) for n in want) <= 1e-5
+
+
+def test_rt_pool_hand_edited_csv_schedule_runs(tmp_path):
+    """The schedule is data here too: saved, edited (job 1 moved to device 3, LOAD/STORE removed), run."""
+    generated = generate("roundrobin", num_ranks=4, num_microbatches=4, num_layers=7, forward_stages=[3, 2],
+                         last_layers=2, backward_stages=[1, 2, 2], weight_transfers=False)
+    rows = [list(r) for r in generated.actions]
+    moved = [a for a in rows[1] if a.stage == 1]
+    rows[1] = [a for a in rows[1] if a.stage != 1]
+    rows[3] = moved + rows[3]
+    path = tmp_path / "edited.csv"
+    generated.replace(actions=rows).to_csv(path)
+    edited = Schedule.from_csv(path)
+    model, ref = tiny_model(7), tiny_model(7)
+    inputs, targets = tiny_batch(8)
+    pipe = RoundRobinPipeline(model, devices=CPU4, num_microbatches=4, loss_fn=tiny_loss, schedule=edited)
+    loss = pipe.step(inputs, targets)
+    _assert_same(model, ref, inputs, targets, 4, loss)
+    kinds = {a.kind.value for a in pipe.schedule.actions[3]}
+    assert {"LOAD", "STORE"} <= kinds
+
+
+CALLS = {"count": 0}
+"""Calls of every FailOn, kept outside the module: the pool runs per-device copies of each layer."""
+
+
+class FailOn(nn.Module):
+    """Raises on the ``fail_at``-th call of any FailOn; otherwise the identity."""
+
+    def __init__(self, fail_at: int):
+        super().__init__()
+        self.fail_at = fail_at
+
+    def forward(self, activation):
+        CALLS["count"] += 1
+        if CALLS["count"] == self.fail_at:
+            raise RuntimeError("layer exploded on purpose")
+        return activation
+
+
+def test_rt_pool_failing_layer_raises_from_step_and_next_step_works():
+    model, ref = tiny_model(6), tiny_model(6)
+    CALLS["count"] = 0
+    model.insert(3, FailOn(fail_at=3))
+    ref.insert(3, FailOn(fail_at=0))
+    inputs, targets = tiny_batch(8)
+    pipe = _pool(model, PoolGroups((2, 3), 2, (2, 2, 1)))
+    with pytest.raises(RuntimeError, match="exploded on purpose") as caught:
+        pipe.step(inputs, targets)
+    assert any("round-robin pool running" in note for note in getattr(caught.value, "__notes__", []))
+    assert all(p.grad is None for p in model.parameters())  # the failed step left no gradients
+    assert all(w.weights.resident_bytes == 0 for w in pipe.workers)
+    loss = pipe.step(inputs, targets)
+    _assert_same(model, ref, inputs, targets, 4, loss)
+
+
+def test_rt_pool_failing_loss_is_a_clear_error_and_next_step_works():
+    model = tiny_model(5)
+    calls = []
+
+    def loss_fn(out, y):
+        calls.append(1)
+        value = tiny_loss(out, y)
+        return value.expand(2) if len(calls) == 2 else value
+
+    pipe = _pool(model, PoolGroups((2,), 3, (2,)), loss_fn=loss_fn)
+    inputs, targets = tiny_batch(8)
+    with pytest.raises(ValueError, match="scalar Tensor"):
+        pipe.step(inputs, targets)
+    pipe.step(inputs, targets)
+
+
+def test_rt_pool_budget_refused_before_running_with_numbers():
+    model = tiny_model(7, width=64)
+    with pytest.raises(ValueError, match=r"does not fit memory_budget=.*device \d .*needs .*Raise memory_budget"):
+        _pool(model, CUTS["asymmetric"], memory_budget=20_000)
+
+
+def test_rt_pool_budget_exceeded_while_running_says_what_to_change():
+    model = tiny_model(7, width=64)
+    # room for the weights (no profile: activations are only counted at run time), not for a large batch
+    pipe = _pool(model, CUTS["asymmetric"], memory_budget=200_000)
+    inputs, targets = tiny_batch(4 * 200, width=64)
+    with pytest.raises(DeviceOutOfMemory) as caught:
+        pipe.step(inputs, targets)
+    notes = " ".join(getattr(caught.value, "__notes__", []))
+    assert "more micro-batches" in notes and "tried: groups" in notes
+    small = tiny_batch(8, width=64)
+    pipe.step(*small)  # a batch that fits still runs
+
+
+def test_rt_pool_refuses_stage_bound_schedule_and_bad_devices():
+    with pytest.raises(ValueError, match="round-robin pool schedules"):
+        RoundRobinPipeline(tiny_model(4), devices=["cpu", "cpu"], num_microbatches=2, loss_fn=tiny_loss,
+                           schedule=generate("1f1b", num_ranks=2, num_microbatches=2))
+    with pytest.raises(ValueError, match="non-empty list"):
+        RoundRobinPipeline(tiny_model(4), devices="cpu", num_microbatches=2, loss_fn=tiny_loss)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no GPU is visible"):
+            RoundRobinPipeline(tiny_model(4), devices=["cuda:0"], num_microbatches=2, loss_fn=tiny_loss)
+
+
+def test_rt_pool_auto_partition_profiles_and_matches_gradients():
+    model, ref = tiny_model(9), tiny_model(9)
+    inputs, targets = tiny_batch(8)
+    pipe = RoundRobinPipeline(model, devices=["cpu", "cpu"], num_microbatches=4, loss_fn=tiny_loss,
+                              partition="auto", sample_input=inputs.chunk(4)[0])
+    assert pipe.profile is not None and pipe.groups.num_layers == 9
+    loss = pipe.step(inputs, targets)
+    _assert_same(model, ref, inputs, targets, 4, loss)
+    timeline = pipe.last_timeline
+    assert {span.action.kind.value for span in timeline.spans} >= {"LOAD", "F", "B"}
