@@ -102,3 +102,37 @@ def test_rt_pool_hf_three_host_adamw_steps_equal_plain_adamw(lora):
     got, want = dict(_trainable(piped)), dict(_trainable(ref))
     errors = {n: relative_error(got[n].detach(), want[n].detach()) for n in want}
     assert max(errors.values()) <= 1e-5, sorted(errors.items(), key=lambda kv: -kv[1])[:3]
+
+
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_moe"])
+def test_rt_pool_hf_fused_head_loss_in_chunks_never_makes_full_logits(name):
+    """The last group runs head and loss chunk by chunk (7 tokens, not a multiple of the sequence): the
+    same loss and gradients, and the LM head never sees more than one chunk of tokens at once."""
+    from bubbleless_runtime.loss_scaling import ScaledLoss
+    from bubbleless_runtime.models.loss import CausalLMLoss
+
+    piped, ref = _models(name, lora=False)
+    base = piped.loss_fn
+    chunked = CausalLMLoss(num_experts=base.num_experts, num_moe_layers=base.num_moe_layers,
+                           aux_loss_coef=base.aux_loss_coef, chunk_tokens=7)
+    loss_fn = ScaledLoss(chunked)
+    loss_fn.factor = 0.25
+    rows = []
+    piped.layers[-1].lm_head.register_forward_hook(lambda _m, args, _out: rows.append(args[0].reshape(-1, 32).shape[0]))
+    ids, labels = _batch()
+    pipe = RoundRobinPipeline(piped.layers, devices=["cpu"] * 4, num_microbatches=M, loss_fn=loss_fn,
+                              partition=CUT, timeout=120)
+    loss = pipe.step(ids, labels)
+    total = 0.0
+    for x, y in zip(ids.chunk(M), labels.chunk(M), strict=True):
+        for layer in ref.layers:
+            x = layer(x)
+        part = ref.loss_fn(x, y) * 0.25
+        part.backward()
+        total += float(part.detach())
+    assert abs(float(loss) - total) <= 1e-5 * abs(total)
+    got, want = dict(_trainable(piped)), dict(_trainable(ref))
+    errors = {n: relative_error(got[n].grad, want[n].grad) for n in want if want[n].grad is not None}
+    assert max(errors.values()) <= 1e-5, sorted(errors.items(), key=lambda kv: -kv[1])[:3]
+    # the device copies keep the caller's hook: every token went through the head, at most 7 at a time
+    assert sum(rows) == ids.numel() and max(rows) <= 7

@@ -31,6 +31,12 @@ class ScaledLoss:
     def __call__(self, output, target) -> torch.Tensor:
         return self.loss_fn(output, target) * self.factor
 
+    def fused_head_backward(self, head, activation, target, *, scale: float = 1.0):
+        """The wrapped loss's chunked head forward-and-backward (see ``CausalLMLoss``), scaled; None
+        when the wrapped loss has none or does not take this head."""
+        fused = getattr(self.loss_fn, "fused_head_backward", None)
+        return None if fused is None else fused(head, activation, target, scale=scale * self.factor)
+
 
 class DynamicLossScaler(CoreLossScaler):
     """fp16 loss scaling: halve on overflow (step skipped on all ranks), double after a run of good steps.

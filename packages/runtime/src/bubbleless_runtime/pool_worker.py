@@ -89,7 +89,7 @@ class DeviceWorker:
         self.weights = DeviceWeights(store, device, streams=self.streams, budget=budget)
         self.pin_memory = pin_memory
         self.loaded: dict = {}  # job -> LoadedJob on this device
-        self.graphs: dict = {}  # (job, mb) -> (roots, leaves) kept from R or the last group's F until its B
+        self.graphs: dict = {}  # (job, mb) -> (roots, leaves, root grads or None) from R or the last F until B
         self.reserved: dict = {}  # (job, mb) -> activation bytes reserved on the budget
         jobs = list(dict.fromkeys(a.stage for a in self.actions))
         self.next_job = dict(zip(jobs, jobs[1:], strict=False))
@@ -163,11 +163,13 @@ class DeviceWorker:
         if self.last_action[action.stage] == action and action.stage in self.loaded:
             self.weights.release(self.loaded.pop(action.stage))
 
-    def _graph_forward(self, action: Action, x, loaded, input_bytes: int):
-        """The job's layers with a graph, its saved activations counted on the budget."""
+    def _leaves(self, x):
         tensors = as_tuple(x)
         leaves = tuple(t.detach().requires_grad_(_carries_grad(t)) for t in tensors)
-        activation = leaves if isinstance(x, (tuple, list)) else leaves[0]
+        return (leaves if isinstance(x, (tuple, list)) else leaves[0]), leaves
+
+    def _graph_forward(self, action: Action, activation, modules, loaded, input_bytes: int):
+        """``modules`` over ``activation`` with a graph, the activations autograd saves counted on the budget."""
         key, seen = (action.stage, action.microbatch), set()
         self.reserved[key] = input_bytes
         weights = {p.untyped_storage().data_ptr() for module in loaded.modules for p in module.parameters()}
@@ -182,9 +184,9 @@ class DeviceWorker:
             return t
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            for module in loaded.modules:
+            for module in modules:
                 activation = module(activation)
-        return activation, leaves
+        return activation
 
     def _finish_backward(self, action: Action, state: WorkerState, roots, grads, leaves) -> None:
         pairs = [(r, g) for r, g in zip(roots, grads, strict=True) if r.requires_grad]
@@ -232,19 +234,31 @@ def forward(worker: DeviceWorker, action: Action, state: WorkerState) -> None:
 
 
 def forward_last(worker: DeviceWorker, action: Action, state: WorkerState) -> None:
+    """The last group's forward and loss. When the loss offers ``fused_head_backward`` for the group's
+    last layer (``CausalLMLoss`` with a ``HeadLayer``), the head and loss run forward and backward chunk
+    by chunk here, so the full logits never exist, and B continues from the head's input gradient."""
     j, m = action.stage, action.microbatch
     payloads = worker._wait(action, state)
     loaded = worker._job(j)
     x, nbytes = worker._input(action, state, payloads, worker.groups.layers(j).start)
+    activation, leaves = worker._leaves(x)
+    target = state.step.targets[m]
+    target = tuple(t.to(worker.device) for t in target) if isinstance(target, tuple) else target.to(worker.device)
+    loss_fn, modules = state.step.loss_fn, loaded.modules
+    fused = getattr(loss_fn, "fused_head_backward", None)
     with stream_context(worker.streams.compute):
-        out, leaves = worker._graph_forward(action, x, loaded, nbytes)
-        target = state.step.targets[m]
-        target = tuple(t.to(worker.device) for t in target) if isinstance(target, tuple) else target.to(worker.device)
-        loss = state.step.loss_fn(out, target)
+        body = worker._graph_forward(action, activation, modules[:-1], loaded, nbytes)
+        result = None if fused is None else fused(modules[-1], body, target)
+        if result is None:
+            loss = loss_fn(worker._graph_forward(action, body, modules[-1:], loaded, worker.reserved[(j, m)]), target)
+            roots, grads = (loss,), (None,)
+        else:
+            loss, grads = result
+            roots = tuple(t for t in as_tuple(body) if _carries_grad(t))
     if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
         raise ValueError("loss_fn must return a scalar Tensor (sum or mean over the micro-batch)")
     state.step.losses[m] = loss.detach()
-    worker.graphs[(j, m)] = ((loss,), leaves)
+    worker.graphs[(j, m)] = (roots, leaves, grads)
     worker._publish(action, state)
 
 
@@ -253,21 +267,20 @@ def recompute(worker: DeviceWorker, action: Action, state: WorkerState) -> None:
     payloads = worker._wait(action, state)
     loaded = worker._job(j)
     x, nbytes = worker._input(action, state, payloads, worker.groups.layers(j).start)
+    activation, leaves = worker._leaves(x)
     with stream_context(worker.streams.compute):
-        out, leaves = worker._graph_forward(action, x, loaded, nbytes)
-    worker.graphs[(j, m)] = (tuple(t for t in as_tuple(out) if _carries_grad(t)), leaves)
+        out = worker._graph_forward(action, activation, loaded.modules, loaded, nbytes)
+    worker.graphs[(j, m)] = (tuple(t for t in as_tuple(out) if _carries_grad(t)), leaves, None)
     worker._publish(action, state)
 
 
 def backward(worker: DeviceWorker, action: Action, state: WorkerState) -> None:
     j, m = action.stage, action.microbatch
     payloads = worker._wait(action, state)
-    roots, leaves = worker.graphs.pop((j, m))
+    roots, leaves, grads = worker.graphs.pop((j, m))
     event = worker.routes.grad_event[action]
     with stream_context(worker.streams.compute):
-        if event is None:  # the last group: the gradient starts at the loss
-            grads = (None,)
-        else:
+        if event is not None:  # else the last group: grads start at the loss (or the fused head's input)
             grads, nbytes = worker._upload(payloads[event], f"the output gradient of {action}")
             state.step.board.read_done(event)
             worker.reserved[(j, m)] = worker.reserved.get((j, m), 0) + nbytes

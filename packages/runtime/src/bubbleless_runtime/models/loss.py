@@ -47,6 +47,53 @@ class CausalLMLoss:
         return (totals[0] * totals[1]).sum() * self.num_experts
 
 
+    def fused_head_backward(self, head, activation, labels: torch.Tensor, *, scale: float = 1.0):
+        """Forward and backward of the LM head and this loss, chunk by chunk, for a fused last group.
+
+        ``head`` is a ``HeadLayer`` (final norm + LM head), ``activation`` its input. Each chunk of
+        ``chunk_tokens`` tokens computes its logits, its share of the (scaled) loss and that share's
+        backward before the next chunk starts, so the full logits never exist at once (RoundPipe's
+        4,096-token chunks) and neither does their graph. Returns ``(loss, grads)``: the loss as
+        ``scale * self(head(activation), labels)`` would give it (detached), and the gradients of the
+        loss with respect to ``activation``'s tensors (a tuple, in order), ready to continue the
+        backward through the layers before the head. The head's parameter gradients accumulate as a
+        plain backward would leave them. None when ``head`` is not a ``HeadLayer``.
+        """
+        from .layers import HeadLayer
+
+        if not isinstance(head, HeadLayer):
+            return None
+        moe = isinstance(activation, tuple)
+        hidden, stats = activation if moe else (activation, None)
+        if hidden.shape[:2] != labels.shape:
+            raise ValueError(
+                f"labels have shape {tuple(labels.shape)} but the hidden states have {tuple(hidden.shape[:2])}: "
+                "pass labels aligned with input_ids, shape (batch, seq)"
+            )
+        hidden = hidden.detach().requires_grad_(True)
+        normed = head.norm(hidden)
+        flat = normed.detach().reshape(-1, normed.shape[-1]).requires_grad_(True)
+        shifted = functional.pad(labels, (0, 1), value=IGNORE_INDEX)[:, 1:].reshape(-1)
+        counted = (shifted != IGNORE_INDEX).sum().clamp(min=1)
+        total = hidden.new_zeros((), dtype=torch.float32)
+        for start in range(0, flat.shape[0], self.chunk_tokens):
+            logits = head.lm_head(flat[start : start + self.chunk_tokens]).float()
+            part = functional.cross_entropy(logits, shifted[start : start + self.chunk_tokens],
+                                            ignore_index=IGNORE_INDEX, reduction="sum") / counted
+            (part * scale).backward()
+            total = total + part.detach()
+        normed.backward(flat.grad.view_as(normed))
+        if not moe:
+            return total * scale, (hidden.grad,)
+        stats = stats.detach().requires_grad_(True)
+        if self.aux_loss_coef:
+            aux = self.aux_loss_coef * self.aux_loss(stats, tokens_per_sample=hidden.shape[1])
+            (aux * scale).backward()
+            total = total + aux.detach()
+        stats_grad = stats.grad if stats.grad is not None else torch.zeros_like(stats)
+        return total * scale, (hidden.grad, stats_grad)
+
+
 def chunked_cross_entropy(
     logits: torch.Tensor, labels: torch.Tensor, *, chunk_tokens: int = 4096
 ) -> torch.Tensor:
