@@ -220,3 +220,23 @@ def test_rt_pool_auto_partition_profiles_and_matches_gradients():
     _assert_same(model, ref, inputs, targets, 4, loss)
     timeline = pipe.last_timeline
     assert {span.action.kind.value for span in timeline.spans} >= {"LOAD", "F", "B"}
+
+
+def test_rt_pool_prefetches_the_next_job_and_never_holds_three():
+    """Each LOAD brings the device's next job too (weights of two jobs at once), and never more."""
+    model = tiny_model(8)
+    pipe = _pool(model, PoolGroups((2, 2, 2), 2, (1, 1, 2, 2)), devices=["cpu", "cpu"])
+    live = {w.index: [] for w in pipe.workers}
+    for worker in pipe.workers:
+        original = worker.weights.load
+
+        def load(layers, worker=worker, original=original):
+            job = original(layers)
+            live[worker.index].append(len(worker.weights._live))
+            return job
+
+        worker.weights.load = load
+    pipe.step(*tiny_batch(8))
+    for index, counts in live.items():
+        assert max(counts) == 2, (index, counts)
+    assert all(w.weights.resident_bytes == 0 for w in pipe.workers)

@@ -9,14 +9,9 @@ run-time accounting (``bubbleless_offload.MemoryBudget``) catches the rest in th
 
 from __future__ import annotations
 
+from bubbleless_offload import format_bytes as _mb
 from bubbleless_schedules import Schedule
 from bubbleless_schedules.roundrobin_layout import pool_groups
-
-_MB = 1 << 20
-
-
-def _mb(nbytes: float) -> str:
-    return f"{nbytes / _MB:.2f} MiB"
 
 
 def device_peaks(schedule: Schedule, store, profile=None) -> list[tuple[float, str]]:
