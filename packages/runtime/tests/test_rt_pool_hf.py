@@ -136,3 +136,28 @@ def test_rt_pool_hf_fused_head_loss_in_chunks_never_makes_full_logits(name):
     assert max(errors.values()) <= 1e-5, sorted(errors.items(), key=lambda kv: -kv[1])[:3]
     # the device copies keep the caller's hook: every token went through the head, at most 7 at a time
     assert sum(rows) == ids.numel() and max(rows) <= 7
+
+
+def test_rt_pool_hf_lora_base_weights_memory_mapped_from_the_checkpoint(tmp_path):
+    """A LoRA run whose frozen base weights come memory-mapped from the model's own model.safetensors:
+    the base weights in RAM are zeroed first, so only the file can give the unpipelined gradients."""
+    from bubbleless_runtime.models import checkpoint_key_of
+
+    pytest.importorskip("safetensors")
+    architecture, fields = MODELS["qwen3"]
+    build_causal_lm(architecture, seed=0, **fields).save_pretrained(tmp_path)  # HF's own key names
+    piped, ref = _models("qwen3", lora=True)
+    with torch.no_grad():
+        for p in piped.model.parameters():
+            if not p.requires_grad:
+                p.zero_()
+    layers = piped.layers
+    pipe = RoundRobinPipeline(layers, devices=["cpu"] * 4, num_microbatches=M, loss_fn=piped.loss_fn, partition=CUT,
+                              frozen_safetensors=tmp_path / "model.safetensors",
+                              safetensors_key=checkpoint_key_of(piped.model, layers), timeout=120)
+    assert all(float(hp.param.abs().sum()) > 0 for hp in pipe.store.params if not hp.trainable and hp.param.dim() > 1)
+    ids, labels = _batch()
+    pipe.step(ids, labels)
+    _reference(ref, ids, labels)
+    got, want = dict(_trainable(piped)), dict(_trainable(ref))
+    assert max(relative_error(got[n].grad, want[n].grad) for n in want) <= 1e-5

@@ -77,12 +77,16 @@ class RoundRobinPipeline:
     ``memory_budget``: bytes each device may hold; a plan that cannot fit is refused here, and the
     executor counts every tensor it places at run time (``DeviceOutOfMemory`` from ``step``).
     ``pin_memory``: host weights in pinned buffers (default: when a GPU is in ``devices``).
+    ``frozen_safetensors``: a .safetensors file whose tensors replace the frozen (LoRA base) weights,
+    memory-mapped rather than held in RAM; ``safetensors_key`` maps store names to its keys (for a
+    Hugging Face model: ``bubbleless_runtime.models.checkpoint_key_of(model, layers)``).
     """
 
     def __init__(self, model, *, devices, num_microbatches: int, loss_fn: Callable | None,
                  schedule: str | Schedule = "roundrobin", partition="auto", optimizer=None,
                  memory_budget: float | None = None, sample_input=None, costs: Costs | None = None,
                  schedule_options: dict | None = None, pin_memory: bool | None = None,
+                 frozen_safetensors=None, safetensors_key: Callable[[str], str] | None = None,
                  timeout: float = DEFAULT_TIMEOUT, trace: bool = True) -> None:
         if loss_fn is None or not callable(loss_fn):
             raise ValueError("loss_fn is required: pass loss_fn=callable(output, target) -> scalar Tensor")
@@ -105,7 +109,8 @@ class RoundRobinPipeline:
         self.groups: PoolGroups = pool_groups(self.schedule)
         self.partition = self.groups
         pin = any(d.type == "cuda" for d in self.devices) if pin_memory is None else pin_memory
-        self.store = HostStore(self.layers, pin_memory=pin)
+        self.store = HostStore(self.layers, pin_memory=pin, frozen_safetensors=frozen_safetensors,
+                               safetensors_key=safetensors_key)
         check_fits(self.schedule, self.store, memory_budget, self.devices, self.profile)
         self.optimizer = None if optimizer is None else HostOptimizer(self.store, **dict(optimizer))
         self.routes = routes_of(self.schedule)

@@ -1,6 +1,14 @@
 """Hugging Face causal LMs (Llama, Qwen3, Qwen3-MoE) as pipeline layers, with their loss."""
 
-from .hf import ARCHITECTURES, PipelineModel, build_causal_lm, build_hf_config, load_causal_lm, pipeline_model
+from .hf import (
+    ARCHITECTURES,
+    PipelineModel,
+    build_causal_lm,
+    build_hf_config,
+    checkpoint_key_of,
+    load_causal_lm,
+    pipeline_model,
+)
 from .layers import DecoderLayer, EmbeddingLayer, HeadLayer, count_moe_layers, cut_causal_lm
 from .loss import IGNORE_INDEX, CausalLMLoss, chunked_cross_entropy
 
@@ -14,6 +22,7 @@ __all__ = [
     "PipelineModel",
     "build_causal_lm",
     "build_hf_config",
+    "checkpoint_key_of",
     "chunked_cross_entropy",
     "count_moe_layers",
     "cut_causal_lm",

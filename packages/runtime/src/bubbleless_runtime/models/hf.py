@@ -6,6 +6,7 @@ One table maps an architecture name to its transformers classes, so adding an ar
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from torch import nn
@@ -67,6 +68,35 @@ def load_causal_lm(path: str | os.PathLike, **kwargs) -> nn.Module:
     if not os.path.isdir(path):
         raise ValueError(f"model path {str(path)!r} is not a local directory; point model.path at one")
     return AutoModelForCausalLM.from_pretrained(path, local_files_only=True, **kwargs)
+
+
+def checkpoint_key_of(model: nn.Module, layers) -> Callable[[str], str]:
+    """Map the device pool's store names (``"<layer index>.<name in the layer>"``, as
+    ``bubbleless_offload.HostStore`` names parameters) to the keys ``save_pretrained`` wrote for the same
+    tensors (``model.layers.0.self_attn.q_proj.weight``), peft's wrapping undone: what
+    ``RoundRobinPipeline(frozen_safetensors=..., safetensors_key=...)`` needs to memory-map a LoRA run's
+    frozen base weights from the model's own ``model.safetensors``."""
+    full_name = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        full_name.setdefault(id(p), _checkpoint_name(name))
+    keys = {}
+    for index, layer in enumerate(layers):
+        for name, p in layer.named_parameters(remove_duplicate=False):
+            if id(p) in full_name:
+                keys[f"{index}.{name}"] = full_name[id(p)]
+
+    def key_of(store_name: str) -> str:
+        return keys.get(store_name, store_name)
+
+    return key_of
+
+
+def _checkpoint_name(name: str) -> str:
+    """A parameter name as the base model's checkpoint spells it (peft's prefix and base_layer removed)."""
+    for prefix in ("base_model.model.",):
+        if name.startswith(prefix):
+            name = name[len(prefix):]
+    return name.replace(".base_layer.", ".")
 
 
 def pipeline_model(model: nn.Module, *, aux_loss_coef: float | None = None, chunk_tokens: int = 4096):
