@@ -240,3 +240,22 @@ def test_rt_pool_prefetches_the_next_job_and_never_holds_three():
     for index, counts in live.items():
         assert max(counts) == 2, (index, counts)
     assert all(w.weights.resident_bytes == 0 for w in pipe.workers)
+
+
+def test_rt_pool_profiles_one_layer_copy_at_a_time_and_leaves_the_callers_layers():
+    """partition='auto' times each layer on the pool's device from a copy (the model need not fit there)."""
+    from bubbleless_runtime.pool_plan import OneLayerOnDevice, profile_layers
+
+    model = tiny_model(5)
+    before = [p.data_ptr() for p in model.parameters()]
+    slot = {}
+    first, second = (OneLayerOnDevice(layer, torch.device("cpu"), slot) for layer in model[:2])
+    first.to("cpu")
+    assert first.copy is not None and first.copy is not model[0]
+    second.to("cpu")  # the profiler moves the next layer: the previous copy goes
+    assert first.copy is None and second.copy is not None
+    profile = profile_layers(list(model), tiny_batch(2)[0], torch.device("cpu"))
+    assert [p.data_ptr() for p in model.parameters()] == before
+    assert all(p.device.type == "cpu" for p in model.parameters())
+    assert [c.param_bytes for c in profile.layers] == [sum(p.numel() * 4 for p in layer.parameters()) for layer in model]
+    assert all(c.weight_grad > 0 for c in profile.layers)

@@ -169,14 +169,15 @@ def auto_cut(layers, schedule: Schedule, sample_input, *, memory_cap=None, rank:
     return priced, prof, plan.schedule
 
 
-def measure(layers, sample_input, *, repeats: int = 5) -> Profile:
+def measure(layers, sample_input, *, repeats: int = 5, device=None) -> Profile:
     """``bubbleless_partition.profile`` of the layers where they are, the RNG state left as it was.
 
     Layers that pass tuples (the MoE router statistics, the test model's side tensors) are shown to the
     profiler as tensor -> tensor through ``_MainTensor``: their first floating-point tensor is timed as the
-    activation and the rest ride along unchanged.
+    activation and the rest ride along unchanged. ``device``: where to time them (default: where the
+    layers' parameters are; the profiler moves each layer there).
     """
-    device = _device_of(layers)
+    device = _device_of(layers) if device is None else torch.device(device)
     first, rebuild = _main_tensor(_to(sample_input, device))
     adapters, carry = [], _Carry(rebuild)
     for layer in layers:

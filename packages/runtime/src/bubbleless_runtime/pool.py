@@ -138,8 +138,8 @@ class RoundRobinPipeline:
             raise ValueError(f"schedule must be a schedule name or a Schedule, got {schedule!r}")
         groups = None
         if isinstance(partition, str) and partition == "auto" or isinstance(partition, Profile):
-            self.profile = partition if isinstance(partition, Profile) else pool_plan.profile_layers(self.layers,
-                                                                                                   sample_input)
+            self.profile = partition if isinstance(partition, Profile) else pool_plan.profile_layers(
+                self.layers, sample_input, self.devices[0])
             if self.profile.num_layers != num_layers:
                 raise ValueError(f"the profile has {self.profile.num_layers} layers but the model has {num_layers}")
             bandwidth = pool_plan.copy_bandwidth(self.devices[0])

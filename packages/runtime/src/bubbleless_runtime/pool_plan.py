@@ -14,9 +14,11 @@
 
 from __future__ import annotations
 
+import copy
 import time
 
 import torch
+from torch import nn
 
 from bubbleless_partition import LayerCost, Partition, Profile, cut
 from bubbleless_schedules import Costs, Schedule, generate, simulate, validate
@@ -110,14 +112,41 @@ def auto_groups(profile: Profile, *, num_devices: int, num_microbatches: int, na
     return best[1], best[2], best[3]
 
 
-def profile_layers(layers, sample_input) -> Profile:
-    """The layers measured where they are (host memory for the pool) on one micro-batch."""
+def profile_layers(layers, sample_input, device: torch.device) -> Profile:
+    """The layers timed on ``device`` (the pool's first) on one micro-batch. The model is in host memory
+    and need not fit on the device: each layer is copied there in turn (``OneLayerOnDevice``)."""
     if sample_input is None:
         raise ValueError(
             "partition='auto' profiles the layers on one micro-batch: pass sample_input= (e.g. "
             "inputs.chunk(num_microbatches)[0]), or give partition= a Profile, a Partition or a PoolGroups"
         )
-    return measure(layers, sample_input)
+    slot: dict = {}
+    return measure([OneLayerOnDevice(layer, device, slot) for layer in layers], sample_input, device=device)
+
+
+class OneLayerOnDevice(nn.Module):
+    """A host layer the profiler may "move" to a device: moving makes a device copy of it (dropping the
+    copy the previous layer made in the same ``slot``), so the profiler's ``layer.to(device)`` never moves
+    the caller's layer and one layer's weights at a time sit on the device."""
+
+    def __init__(self, layer: nn.Module, device: torch.device, slot: dict) -> None:
+        super().__init__()
+        object.__setattr__(self, "host", layer)  # not a submodule: .to() must not reach it
+        object.__setattr__(self, "slot", slot)
+        self.device = device
+        self.copy: nn.Module | None = None
+
+    def _apply(self, fn, recurse=True):
+        previous = self.slot.get("current")
+        if previous is not None and previous is not self:
+            previous.copy = None
+        if self.copy is None:
+            self.copy = copy.deepcopy(self.host).to(self.device)
+        self.slot["current"] = self
+        return self
+
+    def forward(self, activation):
+        return (self.host if self.copy is None else self.copy)(activation)
 
 
 def check_schedule(schedule: Schedule, *, num_layers: int, num_devices: int, num_microbatches: int) -> Schedule:
@@ -146,5 +175,5 @@ def check_schedule(schedule: Schedule, *, num_layers: int, num_devices: int, num
     return schedule
 
 
-__all__ = ["LayerCost", "auto_groups", "check_schedule", "copy_bandwidth", "generate_pool", "groups_from_partition",
+__all__ = ["LayerCost", "OneLayerOnDevice", "auto_groups", "check_schedule", "copy_bandwidth", "generate_pool", "groups_from_partition",
            "job_costs", "profile_layers"]
