@@ -32,6 +32,7 @@ from .collectives import backend_device
 from .comm import Channel, PipelineCommError, direction_groups, wait_collective
 from .data_parallel import GradientAverager
 from .executor import Executor, StepState
+from .interpreter import Interpreter
 from .trace import measured_timeline
 
 DEFAULT_TIMEOUT = 300.0
@@ -111,6 +112,11 @@ class Pipeline:
     ``trace``: keep each step's compute spans on this rank (free: the executor times its actions anyway)
     so that ``last_timeline`` can gather them; False leaves ``last_timeline`` None. A step never
     communicates for the trace; reading ``last_timeline`` does, once per step (see there).
+
+    ``prefetch``: how many compute actions ahead receives are posted (default: 2 on gloo, 0 otherwise,
+    see ``_default_prefetch``). ``interpreter``: the handler table the executor runs (default
+    ``executor.INTERPRETER``); ``INTERPRETER.with_handler(kind, fn)`` adds or wraps a kind, with
+    ``fn(executor, action, state)`` as every handler (``interpreter`` says the contract).
     """
 
     def __init__(
@@ -131,6 +137,7 @@ class Pipeline:
         timeout: float = DEFAULT_TIMEOUT,
         trace: bool = True,
         prefetch: int | None = None,
+        interpreter: Interpreter | None = None,
     ) -> None:
         if loss_fn is None or not callable(loss_fn):
             raise ValueError("loss_fn is required: pass loss_fn=callable(output, target) -> scalar Tensor")
@@ -189,10 +196,9 @@ class Pipeline:
             upward, downward = direction_groups(self.group, self.timeout)
             channel = Channel(upward, self.timeout, self.rank, downward=downward)
         self._executor = Executor(
-            rank=self.rank, schedule=self.schedule, lowered_actions=self.lowered.actions[self.rank],
-            modules=stage_modules, loss_fn=loss_fn, channel=channel,
+            rank=self.rank, lowered=self.lowered, modules=stage_modules, loss_fn=loss_fn, channel=channel,
             on_stage_done=self._averager.stage_done if self._averager else (lambda stage: None),
-            prefetch=_default_prefetch(self.group) if prefetch is None else prefetch,
+            prefetch=_default_prefetch(self.group) if prefetch is None else prefetch, interpreter=interpreter,
         )
 
     def parameters(self):
