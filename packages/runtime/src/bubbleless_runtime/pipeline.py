@@ -26,6 +26,7 @@ from bubbleless_schedules import Costs, Schedule, add_communication, available, 
 from bubbleless_schedules.layouts import is_lowered
 
 from . import stages as stages_mod
+from .arguments import check_common, check_microbatches
 from .auto_partition import auto_cut, stage_costs
 from .batches import check_batch, signature_of, split_batch
 from .collectives import backend_device
@@ -89,11 +90,7 @@ def _resolve_schedule(schedule, *, num_ranks, num_microbatches, costs, options) 
             f"schedule {schedule.name!r} is for {schedule.num_ranks} ranks but the pipeline group has {num_ranks}; "
             f"generate it with num_ranks={num_ranks} or launch {schedule.num_ranks} processes"
         )
-    if schedule.num_microbatches != num_microbatches:
-        raise ValueError(
-            f"schedule {schedule.name!r} has {schedule.num_microbatches} micro-batches but num_microbatches="
-            f"{num_microbatches}; pass num_microbatches={schedule.num_microbatches}"
-        )
+    check_microbatches(schedule, num_microbatches)
     return schedule
 
 
@@ -139,12 +136,7 @@ class Pipeline:
         prefetch: int | None = None,
         interpreter: Interpreter | None = None,
     ) -> None:
-        if loss_fn is None or not callable(loss_fn):
-            raise ValueError("loss_fn is required: pass loss_fn=callable(output, target) -> scalar Tensor")
-        if isinstance(num_microbatches, bool) or not isinstance(num_microbatches, int) or num_microbatches < 1:
-            raise ValueError(f"num_microbatches must be a positive integer, got {num_microbatches!r}")
-        if not timeout > 0:
-            raise ValueError(f"timeout is in seconds and must be positive, got {timeout!r}")
+        check_common(loss_fn, num_microbatches, timeout)
         self.rank, self.num_ranks = _group_shape(group)
         self.schedule = _resolve_schedule(
             schedule, num_ranks=self.num_ranks, num_microbatches=num_microbatches,

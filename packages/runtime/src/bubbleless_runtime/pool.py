@@ -35,6 +35,7 @@ from bubbleless_schedules.action import STAGE_KINDS
 from bubbleless_schedules.roundrobin_layout import PoolGroups, peak_weight_layers, pool_groups
 
 from . import pool_plan
+from .arguments import check_common
 from .batches import check_batch, signature_of, split_batch
 from .pool_board import Board, PoolAborted
 from .pool_memory import check_fits
@@ -88,12 +89,7 @@ class RoundRobinPipeline:
                  schedule_options: dict | None = None, pin_memory: bool | None = None,
                  frozen_safetensors=None, safetensors_key: Callable[[str], str] | None = None,
                  timeout: float = DEFAULT_TIMEOUT, trace: bool = True) -> None:
-        if loss_fn is None or not callable(loss_fn):
-            raise ValueError("loss_fn is required: pass loss_fn=callable(output, target) -> scalar Tensor")
-        if isinstance(num_microbatches, bool) or not isinstance(num_microbatches, int) or num_microbatches < 1:
-            raise ValueError(f"num_microbatches must be a positive integer, got {num_microbatches!r}")
-        if not timeout > 0:
-            raise ValueError(f"timeout is in seconds and must be positive, got {timeout!r}")
+        check_common(loss_fn, num_microbatches, timeout)
         if memory_budget is not None and not (isinstance(memory_budget, (int, float)) and memory_budget > 0):
             raise ValueError(f"memory_budget is bytes per device and must be positive, got {memory_budget!r}")
         self.devices = _devices(devices)

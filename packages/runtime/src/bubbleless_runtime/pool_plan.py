@@ -24,6 +24,7 @@ from bubbleless_partition import LayerCost, Partition, Profile, cut
 from bubbleless_schedules import Costs, Schedule, generate, simulate, validate
 from bubbleless_schedules.roundrobin_layout import PoolGroups, pool_groups
 
+from .arguments import check_microbatches
 from .auto_partition import measure
 
 
@@ -166,11 +167,7 @@ def check_schedule(schedule: Schedule, *, num_layers: int, num_devices: int, num
         raise ValueError(
             f"schedule {schedule.name!r} is for {schedule.num_workers} devices but devices= lists {num_devices}"
         )
-    if schedule.num_microbatches != num_microbatches:
-        raise ValueError(
-            f"schedule {schedule.name!r} has {schedule.num_microbatches} micro-batches but num_microbatches="
-            f"{num_microbatches}; pass num_microbatches={schedule.num_microbatches}"
-        )
+    check_microbatches(schedule, num_microbatches)
     validate(schedule)
     return schedule
 
