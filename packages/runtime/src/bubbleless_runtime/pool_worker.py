@@ -307,6 +307,10 @@ def run_worker(worker: DeviceWorker, state: WorkerState, interpreter: Interprete
     """A worker thread's body: the device's actions under the caller's autocast setting."""
     if worker.device.type == "cuda":
         torch.cuda.set_device(worker.device)
+    # A new thread's OpenMP team is every core until an ATen parallel region applies torch's thread
+    # count, which MKL matmuls never do: without this, two CPU devices under torch.set_num_threads(1)
+    # ran their matmuls on two OpenMP threads each and together went no faster than one.
+    torch.set_num_threads(torch.get_num_threads())
     context = contextlib.nullcontext()
     if autocast is not None:
         context = torch.autocast(device_type=worker.device.type, dtype=autocast)
