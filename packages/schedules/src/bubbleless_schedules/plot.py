@@ -25,7 +25,7 @@ KIND_COLOURS = {
 OTHER_COLOUR = "#8c8c8c"
 KIND_NAMES = {
     Kind.F: "F forward", Kind.I: "I input-grad", Kind.W: "W weight-grad", Kind.B: "B full backward",
-    Kind.R: "R recompute", Kind.LOAD: "load weights", Kind.STORE: "store grads",
+    Kind.R: "R recompute", Kind.LOAD: "LOAD weights in", Kind.STORE: "STORE grads out",
 }
 
 
@@ -57,11 +57,22 @@ def chart_title(timeline: Timeline) -> str:
     )
 
 
-def plot_timeline(timeline: Timeline, path: str | Path | None = None, *, dpi: int = 120, title: str | None = None):
+TRANSFER_KINDS = (Kind.LOAD, Kind.STORE)
+"""Drawn in a lane of their own along the bottom of a row, at least ``MIN_TRANSFER_PIXELS`` wide: a
+weight upload or gradient download on a CPU device lasts microseconds, and would vanish between
+compute boxes (and, once transfers overlap compute on their own streams, would hide under them)."""
+MIN_TRANSFER_PIXELS = 2.0
+
+
+def plot_timeline(timeline: Timeline, path: str | Path | None = None, *, dpi: int = 120, title: str | None = None,
+                  time_unit: str | None = None):
     """Draw ``timeline`` as a Gantt chart; write a PNG to ``path`` when given. Returns the Figure.
 
-    One row per worker, one box per action coloured by kind with its micro-batch number inside
-    (when the box is wide enough), title with makespan, both bubble rates and peak memory.
+    One row per worker (``rank N`` for stage-bound schedules, ``device N`` for a round-robin pool), one
+    box per action coloured by kind with its micro-batch number inside (when the box is wide enough),
+    title with makespan, both bubble rates and peak memory. LOAD and STORE go in a thin lane at the
+    bottom of their row (see ``TRANSFER_KINDS``). ``time_unit`` labels the time axis ("s" for a
+    measured timeline; None: unlabelled units, as simulated costs are).
     """
     Figure, FigureCanvasAgg, Patch = _import_matplotlib()
     schedule = timeline.schedule
@@ -76,23 +87,31 @@ def plot_timeline(timeline: Timeline, path: str | Path | None = None, *, dpi: in
     axes = figure.add_subplot(1, 1, 1)
     # Roughly how many characters fit in one time unit, to decide which boxes get a number.
     chars_per_unit = width_inches * 0.85 * 72 / 7 / makespan
-    for span in timed:
+    min_transfer = MIN_TRANSFER_PIXELS * makespan / (width_inches * 0.85 * dpi)
+    lane = any(s.action.kind in TRANSFER_KINDS for s in timed)  # compute boxes leave the lane free
+    compute_height = 0.6 if lane else 0.8
+    for span in sorted(timed, key=lambda s: s.action.kind in TRANSFER_KINDS):  # transfers drawn last
         action = span.action
         stages = schedule.stages_of(span.worker)
         chunk = stages.index(action.stage) if action.stage in stages else 0
         colour = _shade(KIND_COLOURS.get(action.kind, OTHER_COLOUR), chunk, len(stages))
         left, length = span.start - origin, span.end - span.start
-        axes.broken_barh([(left, length)], (span.worker - 0.4, 0.8), facecolors=[colour],
+        if action.kind in TRANSFER_KINDS:
+            axes.broken_barh([(left, max(length, min_transfer))], (span.worker + 0.22, 0.18), facecolors=[colour],
+                             edgecolors="none")
+            continue
+        axes.broken_barh([(left, length)], (span.worker - 0.4, compute_height), facecolors=[colour],
                          edgecolors="white", linewidth=0.5)
         label = "" if action.microbatch is None else str(action.microbatch)
         if label and length * chars_per_unit >= len(label) + 0.5:
-            axes.text(left + length / 2, span.worker, label, ha="center", va="center", fontsize=7, color="white")
+            axes.text(left + length / 2, span.worker - 0.4 + compute_height / 2, label, ha="center", va="center",
+                      fontsize=7, color="white")
     axes.set_ylim(workers - 0.5, -0.5)
     axes.set_xlim(0, makespan)
     noun = "rank" if schedule.stage_to_rank is not None else "device"
     axes.set_yticks(range(workers))
     axes.set_yticklabels([f"{noun} {w}" for w in range(workers)])
-    axes.set_xlabel("time")
+    axes.set_xlabel("time" if time_unit is None else f"time ({time_unit})")
     axes.set_title(title or chart_title(timeline), fontsize=9)
     kinds = sorted({s.action.kind for s in timed}, key=list(Kind).index)
     handles = [Patch(facecolor=KIND_COLOURS.get(k, OTHER_COLOUR), label=KIND_NAMES.get(k, k.value)) for k in kinds]
