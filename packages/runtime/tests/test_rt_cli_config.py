@@ -99,7 +99,7 @@ def test_a_partition_or_schedule_that_cannot_run_stops_before_any_process_starts
     """The schedule is generated for the run's rank count up front: ``train`` exits 2 with the reason."""
     cases = [
         ("pipeline: {schedule: zbv, nproc: 2, partition: [4, 4]}\n", "gives 2 stages but zbv on 2 ranks has 4"),
-        ("pipeline: {schedule: roundrobin, nproc: 2}\n", "roundrobin dispatches stage jobs to a device pool"),
+        ("pipeline: {schedule: roundrobin, nproc: 2}\n", "runs on a pool of devices: set pipeline.devices"),
         ("pipeline: {schedule: zbv, nproc: 4}\nmodel: {num_layers: 2}\n", "raise model.num_layers to at least 6"),
     ]
     for text, match in cases:

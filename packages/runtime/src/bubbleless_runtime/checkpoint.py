@@ -4,7 +4,12 @@ A checkpoint records the stage sizes its run was cut into. ``partition: auto`` p
 start, and a resumed run whose profile cuts elsewhere would hold other layers than the ones saved on
 its rank: parameter counts and shapes often still match (identical decoder layers), so without the
 record it would silently load one layer's weights into another. ``restore`` refuses instead and says
-which cut to pin.
+which cut to pin. A stage-bound cut is recorded as its list of stage sizes, a round-robin pool's as
+``{"forward": [...], "last": n, "backward": [...]}``: the form ``pipeline.partition`` takes, so the
+message can be pasted into the config.
+
+The round-robin pool runs in one process and its whole host state (the fp32 parameters the optimizer
+steps, the optimizer's state) is this one rank's, so its checkpoint is one ``rank00000.pt``.
 """
 
 from __future__ import annotations
@@ -14,15 +19,16 @@ import random
 
 import torch
 
+from bubbleless_schedules.roundrobin_layout import PoolGroups
+
 from .collectives import barrier, global_rank
 
 
 def capture(trainer) -> dict:
     """The trainer's resumable state on this rank."""
-    partition = getattr(trainer.pipeline, "partition", None)
     return {
         "params": [p.detach().cpu().clone() for p in trainer.params],
-        "partition": None if partition is None else list(partition),
+        "partition": partition_record(getattr(trainer.pipeline, "partition", None)),
         "optimizer": trainer.optimizer.state_dict(),
         "scheduler": None if trainer.scheduler is None else trainer.scheduler.state_dict(),
         "scaler": trainer.scaler.state_dict(),
@@ -32,13 +38,31 @@ def capture(trainer) -> dict:
     }
 
 
+def partition_record(partition) -> list[int] | dict | None:
+    """A pipeline's cut as a checkpoint keeps it: stage sizes as a list, a round-robin ``PoolGroups`` as
+    ``{"forward": [...], "last": n, "backward": [...]}`` (None: not cut)."""
+    if partition is None or isinstance(partition, dict):
+        return partition
+    if isinstance(partition, PoolGroups):
+        return {"forward": list(partition.forward), "last": partition.last, "backward": list(partition.backward)}
+    return list(partition)
+
+
+def cut_text(record) -> str:
+    """A recorded cut as ``pipeline.partition`` is written in YAML (a round-robin one in flow style)."""
+    if isinstance(record, dict):
+        return f"{{forward: {list(record['forward'])}, last: {record['last']}, backward: {list(record['backward'])}}}"
+    return str(list(record))
+
+
 def check_partition(saved, current) -> None:
-    """ValueError when the checkpoint's stage sizes differ from this run's (either unknown: no check)."""
-    if saved is None or current is None or list(saved) == list(current):
+    """ValueError when the checkpoint's cut differs from this run's (either unknown: no check)."""
+    saved, current = partition_record(saved), partition_record(current)
+    if saved is None or current is None or saved == current:
         return
     raise ValueError(
-        f"checkpoint was cut {list(saved)} but this run cut {list(current)}; "
-        f"set pipeline.partition: {list(saved)} to resume"
+        f"checkpoint was cut {cut_text(saved)} but this run cut {cut_text(current)}; "
+        f"set pipeline.partition: {cut_text(saved)} to resume"
     )
 
 

@@ -4,6 +4,10 @@ Without a config it runs the embedded default (``default_config.py``): a small Q
 learning to sort symbol strings, 4 CPU ranks, the zbv schedule, one to two minutes. Rank 0 shows a
 progress bar and ends with the loss drop, tokens/s, the bubble rate measured from the run's own trace
 beside the simulator's prediction, and the paths of a timeline PNG and a Chrome trace of the real run.
+
+``pipeline.schedule: roundrobin`` (``--example roundrobin``: ``roundrobin_config.py``) trains in this
+process instead, on a ``RoundRobinPipeline`` over ``pipeline.devices`` (one thread per device, the
+training state in host memory), through the same Trainer, checkpoints and report.
 """
 
 from __future__ import annotations
@@ -14,10 +18,14 @@ import sys
 from collections.abc import Callable
 
 from .config import ModelConfig, RunConfig, config_to_dict, load_config, validate
-from .config_checks import check_device, check_schedule
+from .config_checks import check_device, check_schedule, pool_groups_of, uses_pool
 from .default_config import DEFAULT_CONFIG_YAML
 from .launch import under_torchrun
-from .report import RunResult, finish, report
+from .report import RunResult, finish, pool_partition_effect, report
+from .roundrobin_config import ROUNDROBIN_CONFIG_YAML
+
+# --example NAME -> the embedded config it runs
+EXAMPLES: dict[str, str] = {"default": DEFAULT_CONFIG_YAML, "roundrobin": ROUNDROBIN_CONFIG_YAML}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,6 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
         "config", nargs="?",
         help="YAML config; omitted: the embedded default. --print-config shows every field with its value; "
              "python -m bubbleless_runtime.config_docs prints the reference page of what each one means",
+    )
+    train.add_argument(
+        "--example", choices=list(EXAMPLES),
+        help="run an embedded example config instead of a file: default (4 CPU ranks, zbv; the same as no "
+             "config) or roundrobin (a pool of 4 CPU devices in one process)",
     )
     train.add_argument("--nproc", type=int, help="local ranks to spawn (overrides pipeline.nproc)")
     train.add_argument("--steps", type=int, help="optimizer steps (overrides train.steps)")
@@ -53,8 +66,11 @@ OVERRIDES: dict[str, tuple[str, str]] = {
 
 
 def resolve_config(args: argparse.Namespace) -> RunConfig:
-    """The config file (or the embedded default) with the command-line overrides applied."""
-    config = load_config(args.config) if args.config else load_config(text=DEFAULT_CONFIG_YAML)
+    """The config file (or an embedded example, the default one without either) with the command-line
+    overrides applied."""
+    if args.config and args.example:
+        raise ValueError(f"give a config file or --example {args.example}, not both")
+    config = load_config(args.config) if args.config else load_config(text=EXAMPLES[args.example or "default"])
     for flag, (section, name) in OVERRIDES.items():
         value = getattr(args, flag)
         if value is not None:
@@ -66,6 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         config = resolve_config(args)
+        pool = uses_pool(config.pipeline.schedule)
+        if pool and under_torchrun():
+            raise ValueError(
+                f"pipeline.schedule {config.pipeline.schedule} runs in one process (a thread per device of "
+                "pipeline.devices); run `bubbleless train` without torchrun"
+            )
         if not args.print_config:  # before any process starts: the schedule, its shape and the partition
             num_ranks = int(os.environ["WORLD_SIZE"]) if under_torchrun() else config.pipeline.nproc
             check_schedule(config, num_ranks=num_ranks)
@@ -78,7 +100,9 @@ def main(argv: list[str] | None = None) -> int:
 
         print(yaml.safe_dump(config_to_dict(config), sort_keys=False), end="")
         return 0
-    if under_torchrun():  # this process is one rank
+    if pool:
+        run_pool(config)
+    elif under_torchrun():  # this process is one rank
         run_rank(config)
         _end_rank_process()
     else:
@@ -142,6 +166,20 @@ def run_rank(config: RunConfig) -> RunResult:
             dist.destroy_process_group()
 
 
+def run_pool(config: RunConfig) -> RunResult:
+    """Train on the round-robin device pool in this process (no ranks, no process group)."""
+    import torch
+
+    cpus = os.cpu_count() or 1
+    if all(d == "cpu" for d in config.pipeline.devices):
+        # each device thread runs its ops at the same time as the others, and torch's intra-op pool is
+        # per calling thread (an OpenMP team each): split the cores between them, as ranks do
+        torch.set_num_threads(max(1, cpus // len(config.pipeline.devices)))
+    else:  # the device threads mostly launch kernels; the host optimizer's CPU kernels get every core
+        torch.set_num_threads(cpus)
+    return _train(config, rank=0)
+
+
 def _device(config: RunConfig, rank: int):
     import torch
 
@@ -203,36 +241,71 @@ def _build_model(config: RunConfig):
     return pipeline_model(model, aux_loss_coef=aux)
 
 
-def _train(config: RunConfig, *, rank: int) -> RunResult:
-    import torch
-
-    from .data import SyntheticTask
+def _stage_pipeline(config: RunConfig, piped, loss, sample_input, *, rank: int):
+    """The multi-process ``Pipeline``: this rank's stages on this rank's device."""
     from .pipeline import Pipeline
-    from .trainer import ScaledLoss, Trainer, build_optimizer, seed_everything, warmup_cosine
 
-    seed_everything(config.train.seed)
     device = _device(config, rank)
-    piped = _build_model(config)
     for layer in piped.layers:
         layer.to(device)
-    loss = ScaledLoss(piped.loss_fn)
-    d = config.data
-    data = SyntheticTask(
-        task=d.task, num_symbols=d.num_symbols, length=d.length, batch_size=d.batch_size, seed=d.seed
-    )
-    auto = config.pipeline.partition == "auto"
-    pipeline = Pipeline(
+    return Pipeline(
         piped.layers,
         schedule=config.pipeline.schedule,
         num_microbatches=config.pipeline.num_microbatches,
         loss_fn=loss,
         partition=config.pipeline.partition,
         # partition: auto profiles on the first step's first micro-batch (rank 0 measures, all ranks cut)
-        sample_input=data.batch(0)[0].chunk(config.pipeline.num_microbatches)[0] if auto else None,
+        sample_input=sample_input,
         memory_cap=config.pipeline.memory_cap,
         device=device,
         trace=True,  # the report reads last_timeline once, on every rank, after the last step
     )
+
+
+def _pool_pipeline(config: RunConfig, piped, loss, sample_input):
+    """The ``RoundRobinPipeline`` over ``pipeline.devices``; the layers stay on the host (its store)."""
+    from .pool import RoundRobinPipeline
+
+    p = config.pipeline
+    return RoundRobinPipeline(
+        piped.layers,
+        devices=p.devices,
+        schedule=p.schedule,
+        num_microbatches=p.num_microbatches,
+        loss_fn=loss,
+        partition=pool_groups_of(p.partition),
+        sample_input=sample_input,  # partition: auto times the layers on the first step's first micro-batch
+        memory_budget=p.memory_budget,
+        pin_memory=p.pin_memory,
+        optimizer=None,  # .grad of the host parameters is filled; the Trainer's optimizer steps them
+        trace=True,
+    )
+
+
+def _train(config: RunConfig, *, rank: int) -> RunResult:
+    import torch
+
+    from .data import SyntheticTask
+    from .trainer import ScaledLoss, Trainer, build_optimizer, seed_everything, warmup_cosine
+
+    seed_everything(config.train.seed)
+    pool = uses_pool(config.pipeline.schedule)
+    piped = _build_model(config)
+    loss = ScaledLoss(piped.loss_fn)
+    d = config.data
+    data = SyntheticTask(
+        task=d.task, num_symbols=d.num_symbols, length=d.length, batch_size=d.batch_size, seed=d.seed
+    )
+    auto = config.pipeline.partition == "auto"
+    sample_input = data.batch(0)[0].chunk(config.pipeline.num_microbatches)[0] if auto else None
+    if pool:
+        pipeline = _pool_pipeline(config, piped, loss, sample_input)
+    else:
+        pipeline = _stage_pipeline(config, piped, loss, sample_input, rank=rank)
+    # For the pool, pipeline.parameters() are the host-resident parameters, and the HostStore's fp32
+    # masters are those very tensors when the weights are fp32 (always, for a model built from sizes;
+    # precision is autocast). So this torch optimizer stepping them with its CPU kernels IS the CPU
+    # optimizer over fp32 masters that RoundPipe runs, and its state stays in host memory.
     optimizer = build_optimizer(pipeline.parameters(), config.optimizer)
     steps = config.train.steps
     schedule = warmup_cosine(
@@ -245,6 +318,7 @@ def _train(config: RunConfig, *, rank: int) -> RunResult:
         scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, schedule),
         num_microbatches=config.pipeline.num_microbatches, grad_accum=config.train.grad_accum,
         max_grad_norm=config.optimizer.max_grad_norm, precision=config.train.precision, group=pipeline.group,
+        autocast_device=pipeline.devices[0].type if pool else None,
     )  # fmt: skip
     if config.train.resume:
         trainer.load(config.train.resume)
@@ -278,7 +352,9 @@ def _train(config: RunConfig, *, rank: int) -> RunResult:
     result = finish(rank, pipeline, losses, tokens / max(seconds, 1e-9), out, checkpoint, adapter, trainer.step)
     if rank == 0:
         print(report(result, config))
-    if rank == 0 and pipeline.profile is not None:
+    if pool and pipeline.profile is not None:
+        print(pool_partition_effect(pipeline))
+    elif rank == 0 and pipeline.profile is not None:
         from .auto_partition import predicted_effect
 
         print(predicted_effect(pipeline.schedule, pipeline.profile, pipeline.partition,

@@ -92,25 +92,45 @@ class PipelineConfig:
     """How the model is cut and scheduled."""
 
     schedule: str = "zbv"
-    """A schedule name from ``bubbleless_schedules.available()`` (gpipe, 1f1b, zb-h1, zbv, ...)."""
+    """A schedule name from ``bubbleless_schedules.available()`` (gpipe, 1f1b, zb-h1, zbv, ...).
+    ``roundrobin`` is RoundPipe's device pool: one process, one thread per device in ``devices``, every
+    weight, gradient and optimizer state in host memory, stage jobs dealt to the devices in turn."""
     nproc: int = 4
-    """Pipeline ranks ``bubbleless train`` spawns locally (ignored under torchrun, which sets the world)."""
+    """Pipeline ranks ``bubbleless train`` spawns locally (ignored under torchrun, which sets the world;
+    ignored for ``roundrobin``, which runs in one process)."""
     num_microbatches: int = 8
     """Micro-batches per step; must divide ``data.batch_size``."""
-    partition: str | list[int] = "even"
+    partition: str | list[int] | dict[str, int | list[int]] = "even"
     """``even`` (equal layer counts), ``auto`` or a list of layers per stage (summing to
     ``model.num_layers + 2``). ``auto``: rank 0 times every layer on the first step's first micro-batch,
     and every rank cuts that one profile the same way: V schedules (zbv, ...) balance each rank's two
     chunks, the others the stages (``bubbleless_partition.cut`` methods ``v`` and ``dp``), and the schedule
     is generated again for the profiled per-stage costs where the simulator predicts that faster. The
     report then shows the simulator's predicted step time and bubble rate with the even cut (and the
-    unit-cost schedule) and the auto cut."""
+    unit-cost schedule) and the auto cut. For ``roundrobin``: ``even`` (the generator's default groups),
+    ``auto`` (the layers timed on the first step's first micro-batch, every count of backward groups cut
+    and the plan the simulator predicts fastest kept) or the cut as a mapping of layer counts,
+    ``{forward: [3, 2], last: 2, backward: [1, 2, 2]}``: forward groups first layers first, the fused
+    last group (forward, loss and backward), backward groups first layers first; ``forward`` and
+    ``backward`` each cover the layers before the last group. A checkpoint names the cut it was written
+    with in this form."""
+    devices: list[str] | None = None
+    """``roundrobin`` only, and required there: the pool's devices, e.g. ``[cpu, cpu, cpu, cpu]`` or
+    ``[cuda:0, cuda:1]`` (all of one kind). With CPU devices each device thread gets
+    ``cpu_count // len(devices)`` torch threads."""
+    memory_budget: float | None = None
+    """``roundrobin`` only: bytes each device may hold. A plan that cannot fit is refused before
+    training; with ``partition: auto`` every job is cut to fit half of it (a device holds two jobs'
+    weights while it prefetches)."""
+    pin_memory: bool | None = None
+    """``roundrobin`` only: keep the host weights in pinned (page-locked) buffers so uploads overlap
+    compute. Default: when a GPU is among ``devices``; turn it off on a machine with little RAM."""
     memory_cap: float | None = None
-    """With ``partition: auto``: bytes a stage (a rank, for V schedules) may hold, counted as parameter
+    """Stage-bound schedules with ``partition: auto``: bytes a stage (a rank, for V schedules) may hold, counted as parameter
     bytes plus one micro-batch's saved activations; no cut that fits raises an error naming the smallest
     cap that would."""
     backend: str = "gloo"
-    """torch.distributed backend: ``gloo`` on CPU, ``nccl`` on GPUs."""
+    """torch.distributed backend: ``gloo`` on CPU, ``nccl`` on GPUs (not used by ``roundrobin``)."""
 
 
 @dataclass(kw_only=True)
@@ -150,7 +170,8 @@ class TrainConfig:
     seed: int = 0
     """Seed for weight initialisation and every random number generator."""
     device: str = "cpu"
-    """``cpu`` or ``cuda`` (a rank uses cuda:LOCAL_RANK, modulo the local GPU count)."""
+    """``cpu`` or ``cuda`` (a rank uses cuda:LOCAL_RANK, modulo the local GPU count). Stage-bound
+    schedules only: ``roundrobin`` runs on ``pipeline.devices`` and refuses ``cuda`` here."""
     log_every: int = 10
     """Refresh the progress bar's loss and tokens/s every this many steps."""
     output_dir: str = "bubbleless-run"
@@ -212,6 +233,9 @@ def _coerce(value, kind, key: str):
         if value is None and type(None) in args:
             return None
         options = [a for a in args if a is not type(None)]
+        # report the error of the option whose container matches the value (a list's for a list)
+        family = [o for o in options if typing.get_origin(o) is type(value) and type(value) in (list, dict)]
+        options = [o for o in options if o not in family] + family
         for option in options[:-1]:  # the first type that takes the value; the last one's error is reported
             try:
                 return _coerce(value, option, key)
@@ -225,6 +249,10 @@ def _coerce(value, kind, key: str):
             if not isinstance(value, list):
                 raise TypeError
             return [_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)]
+        if origin is dict:
+            if not isinstance(value, dict):
+                raise TypeError
+            return {_coerce(k, args[0], key): _coerce(v, args[1], f"{key}.{k}") for k, v in value.items()}
         if kind is bool:
             if not isinstance(value, bool):
                 raise TypeError

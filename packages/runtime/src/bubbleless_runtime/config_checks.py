@@ -2,13 +2,16 @@
 
 ``validate`` runs when a config is loaded: the allowed names (read from the tables that implement
 them, so a new optimizer or architecture is one table entry), positive sizes, the schedule name, a
-partition list against the model's layer count. ``check_schedule`` generates the schedule for the
-rank count the run will have (pipeline.nproc, or torchrun's world size), so a schedule that cannot run
-on this pipeline or a partition with the wrong stage count fails before any process starts.
+partition list (or a round-robin cut) against the model's layer count, and which fields go with which
+kind of schedule (``pipeline.devices`` and the other pool fields with ``roundrobin`` only).
+``check_schedule`` generates the schedule for the rank count the run will have (pipeline.nproc, or
+torchrun's world size; for ``roundrobin`` the devices), so a schedule that cannot run on this pipeline
+or a partition with the wrong stage count fails before any process starts.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -50,7 +53,12 @@ def validate(config: RunConfig) -> RunConfig:
         if getattr(getattr(config, section), name) < 1:
             raise ValueError(f"{section}.{name} must be at least 1")
     _validate_schedule_name(config.pipeline.schedule)
-    _validate_partition(config.pipeline, pipeline_layers(config))
+    if uses_pool(config.pipeline.schedule):
+        _validate_pool(config)
+        _validate_pool_partition(config.pipeline, pipeline_layers(config))
+    else:
+        _validate_stage_bound(config.pipeline)
+        _validate_partition(config.pipeline, pipeline_layers(config))
     if config.data.batch_size % config.pipeline.num_microbatches:
         raise ValueError(
             f"data.batch_size {config.data.batch_size} is not divisible by pipeline.num_microbatches "
@@ -80,10 +88,118 @@ def _validate_schedule_name(name: str) -> None:
         )
 
 
+@functools.cache
+def uses_pool(name: str) -> bool:
+    """True for a schedule that dispatches stage jobs to a device pool (``roundrobin``) rather than binding
+    stages to ranks. A generator's placement does not depend on the shape, so one small shape classifies
+    it (as ``pipeline.stage_bound_names`` does); a shape it cannot generate counts as stage-bound, and
+    ``check_schedule`` then says why it cannot run."""
+    from bubbleless_schedules import generate
+
+    try:
+        return generate(name, num_ranks=2, num_microbatches=8).stage_to_rank is None
+    except (ValueError, NotImplementedError):
+        return False
+
+
+POOL_ONLY = ("devices", "memory_budget", "pin_memory")
+
+
+def _validate_stage_bound(pipeline: PipelineConfig) -> None:
+    for name in POOL_ONLY:
+        if getattr(pipeline, name) is not None:
+            raise ValueError(
+                f"pipeline.{name} is for the round-robin device pool (pipeline.schedule: roundrobin); "
+                f"{pipeline.schedule} runs one process per rank (pipeline.nproc): drop pipeline.{name}"
+            )
+
+
+def _validate_pool(config: RunConfig) -> None:
+    """``roundrobin``: devices given and of one kind, a positive budget, nothing of the rank path."""
+    pipeline = config.pipeline
+    devices = pipeline.devices
+    if not devices:
+        raise ValueError(
+            f"pipeline.schedule {pipeline.schedule} runs on a pool of devices: set pipeline.devices, e.g. "
+            "[cpu, cpu, cpu, cpu] or [cuda:0, cuda:1]"
+        )
+    kinds = set()
+    for device in devices:
+        kind, _, index = device.partition(":")
+        if kind not in DEVICES or (index and not index.isdigit()) or (kind == "cpu" and index):
+            raise ValueError(f"pipeline.devices entry {device!r} is not a device; use cpu, cuda or cuda:N")
+        kinds.add(kind)
+    if len(kinds) > 1:
+        raise ValueError(f"pipeline.devices {devices} mixes cpu and cuda; the pool's devices must be of one kind")
+    if pipeline.memory_budget is not None and not pipeline.memory_budget > 0:
+        raise ValueError(f"pipeline.memory_budget must be a positive number of bytes, got {pipeline.memory_budget!r}")
+    if pipeline.memory_cap is not None:
+        raise ValueError("pipeline.memory_cap bounds a stage-bound auto cut; for roundrobin set pipeline.memory_budget")
+    if config.train.device != "cpu":
+        raise ValueError(
+            "train.device is for stage-bound schedules; roundrobin keeps weights in host memory and runs on "
+            "pipeline.devices: drop train.device (or set it to cpu)"
+        )
+
+
+POOL_CUT_KEYS = ("forward", "last", "backward")
+
+
+def _validate_pool_partition(pipeline: PipelineConfig, num_layers: int | None) -> None:
+    partition = pipeline.partition
+    example = "{forward: [3, 2], last: 2, backward: [1, 2, 2]}"
+    if isinstance(partition, str):
+        if partition not in ("even", "auto"):
+            raise ValueError(f"pipeline.partition is {partition!r}; for roundrobin use even, auto or a cut {example}")
+        return
+    if isinstance(partition, list):
+        raise ValueError(
+            f"pipeline.partition {partition} is a list of layers per stage, a stage-bound cut; roundrobin cuts "
+            f"forward and backward groups apart: give a mapping such as {example}"
+        )
+    keys = sorted(partition)
+    if keys != sorted(POOL_CUT_KEYS):
+        raise ValueError(f"pipeline.partition {partition} needs exactly the keys forward, last and backward, e.g. "
+                         f"{example}")
+    forward, last, backward = (partition[k] for k in POOL_CUT_KEYS)
+    if not isinstance(last, int) or last < 1:
+        raise ValueError(f"pipeline.partition.last is {last!r}; the fused last group needs a layer count >= 1")
+    for key, counts in (("forward", forward), ("backward", backward)):
+        if not isinstance(counts, list):
+            raise ValueError(f"pipeline.partition.{key} is {counts!r}; give a list of layer counts, e.g. [3, 2]")
+        if any(n < 1 for n in counts):
+            raise ValueError(f"pipeline.partition.{key} {counts} has a group with no layers; give each at least 1")
+    if sum(forward) != sum(backward):
+        raise ValueError(
+            f"pipeline.partition.forward {forward} covers {sum(forward)} layers but backward {backward} covers "
+            f"{sum(backward)}; both cover the layers before the last group"
+        )
+    if num_layers is not None and sum(forward) + last != num_layers:
+        raise ValueError(
+            f"pipeline.partition covers {sum(forward) + last} layers (forward {sum(forward)} + last {last}) but "
+            f"the model has {num_layers} (model.num_layers + 2: the embedding and the norm + LM head); make "
+            f"forward and backward each sum to {num_layers - last}"
+        )
+
+
+def pool_groups_of(partition):
+    """The ``PoolGroups`` of a ``pipeline.partition`` mapping (validated), else the string as given."""
+    if not isinstance(partition, dict):
+        return partition
+    from bubbleless_schedules.roundrobin_layout import PoolGroups
+
+    return PoolGroups(tuple(partition["forward"]), partition["last"], tuple(partition["backward"]))
+
+
 def _validate_partition(pipeline: PipelineConfig, num_layers: int | None) -> None:
     partition = pipeline.partition
     if isinstance(partition, str) and partition not in ("even", "auto"):
         raise ValueError(f"pipeline.partition is {partition!r}; use even, auto or a list of layers per stage")
+    if isinstance(partition, dict):
+        raise ValueError(
+            f"pipeline.partition {partition} is a round-robin cut (forward/last/backward groups); "
+            f"{pipeline.schedule} binds stages to ranks: give a list of layers per stage, even or auto"
+        )
     if isinstance(partition, list):
         if any(n < 1 for n in partition):
             raise ValueError(f"pipeline.partition {partition} has a stage with no layers; give each at least 1")
@@ -106,6 +222,9 @@ def check_schedule(config: RunConfig, *, num_ranks: int) -> None:
     from .pipeline import require_stage_bound
 
     pipeline = config.pipeline
+    if uses_pool(pipeline.schedule):
+        _check_pool_schedule(config)
+        return
     try:
         schedule = generate(pipeline.schedule, num_ranks=num_ranks, num_microbatches=pipeline.num_microbatches)
     except ValueError as error:
@@ -127,9 +246,37 @@ def check_schedule(config: RunConfig, *, num_ranks: int) -> None:
         )
 
 
+def _check_pool_schedule(config: RunConfig) -> None:
+    """Generate the pool schedule for ``pipeline.devices`` with the configured cut (``auto``: the even one,
+    for the shape), so a pool it cannot run on fails before the model is built."""
+    from bubbleless_schedules import generate
+    from bubbleless_schedules.roundrobin_layout import PoolGroups
+
+    pipeline = config.pipeline
+    options: dict = {}
+    num_layers = pipeline_layers(config)
+    if num_layers is not None:
+        options["num_layers"] = num_layers
+    groups = pool_groups_of(pipeline.partition)
+    if isinstance(groups, PoolGroups):
+        options.update(forward_stages=list(groups.forward), last_layers=groups.last,
+                       backward_stages=list(groups.backward))
+    devices = len(pipeline.devices)
+    try:
+        generate(pipeline.schedule, num_ranks=devices, num_microbatches=pipeline.num_microbatches, **options)
+    except ValueError as error:
+        raise ValueError(
+            f"pipeline.schedule {pipeline.schedule!r} cannot run on {devices} devices with "
+            f"{pipeline.num_microbatches} micro-batches and pipeline.partition {pipeline.partition}: {error}"
+        ) from error
+
+
 def check_device(config: RunConfig) -> None:
-    """``train.device: cuda`` and ``pipeline.backend: nccl`` need a visible GPU: say so before any process
-    starts, rather than from every rank's traceback."""
+    """``train.device: cuda``, ``pipeline.backend: nccl`` and cuda entries of ``pipeline.devices`` need a
+    visible GPU: say so before anything starts, rather than from every rank's traceback."""
+    if uses_pool(config.pipeline.schedule):
+        _check_pool_devices(config.pipeline.devices)
+        return
     if config.train.device != "cuda" and config.pipeline.backend != "nccl":
         return
     import torch
@@ -137,3 +284,19 @@ def check_device(config: RunConfig) -> None:
     if not torch.cuda.is_available():
         field = "train.device is 'cuda'" if config.train.device == "cuda" else "pipeline.backend is 'nccl'"
         raise ValueError(f"{field} but no GPU is visible here; set train.device: cpu and pipeline.backend: gloo")
+
+
+def _check_pool_devices(devices: list[str]) -> None:
+    if all(d == "cpu" for d in devices):
+        return
+    import torch
+
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for device in devices:
+        index = int(device.partition(":")[2] or 0)
+        if index >= visible:
+            seen = "no GPU is visible here" if not visible else f"only {visible} GPUs are visible here"
+            raise ValueError(
+                f"pipeline.devices lists {device!r} but {seen}; use pipeline.devices: [cpu, cpu, ...] or the GPUs "
+                f"cuda:0 .. cuda:{max(visible - 1, 0)}"
+            )

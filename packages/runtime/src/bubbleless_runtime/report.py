@@ -68,14 +68,15 @@ def write_pictures(timeline, out: str) -> tuple[str | None, str | None]:
     try:
         from bubbleless_schedules.trace import write_trace
 
-        trace = str(write_trace(timeline, os.path.join(out, "timeline.trace.json")))
+        # measured spans are wall-clock seconds (the trace's default unit, ms, fits simulated costs)
+        trace = str(write_trace(timeline, os.path.join(out, "timeline.trace.json"), time_unit="s"))
     except ImportError:
         pass
     try:
         from bubbleless_schedules.plot import plot_timeline
 
         png = os.path.join(out, "timeline.png")
-        plot_timeline(timeline, png)
+        plot_timeline(timeline, png, time_unit="s")
     except ImportError:  # matplotlib missing: the trace is still written
         png = None
     return png, trace
@@ -90,14 +91,20 @@ def report(result: RunResult, config) -> str:
         )
     window = max(1, min(10, len(result.losses) // 5))
     first, last = mean(result.losses[:window]), mean(result.losses[-window:])
+    p = config.pipeline
+    if p.devices:  # the round-robin pool: one process, a thread per device
+        workers, worker = f"{len(p.devices)} devices ({devices_text(p.devices)}, one process: pipeline.nproc " \
+                          "ignored)", "device"
+        fed = "per-job F/R/B times and LOAD/STORE transfers"
+    else:
+        workers, worker, fed = f"{p.nproc} ranks", "rank", "per-stage F/I/W times and transfer latency"
     lines = [
-        f"schedule {config.pipeline.schedule}, {config.pipeline.nproc} ranks, "
-        f"{config.pipeline.num_microbatches} micro-batches, {len(result.losses)} steps",
+        f"schedule {p.schedule}, {workers}, {p.num_microbatches} micro-batches, {len(result.losses)} steps",
         f"loss          {first:.3f} -> {last:.3f}  (mean of the first / last {window} steps)",
         f"throughput    {result.tokens_per_second:,.0f} tokens/s",
         f"bubble rate   measured {result.measured_bubble_rate:.1%}  |  simulator {result.predicted_bubble_rate:.1%} "
-        "(last step; simulator fed that step's per-stage F/I/W times and transfer latency; it assumes a core "
-        "per rank, so expect a gap when ranks outnumber free cores)",
+        f"(last step; simulator fed that step's {fed}; it assumes a core per {worker}, so expect a gap when "
+        f"{worker}s outnumber free cores)",
     ]
     if result.timeline_png:
         lines.append(f"timeline PNG  {result.timeline_png}")
@@ -107,4 +114,35 @@ def report(result: RunResult, config) -> str:
         lines.append(f"checkpoint    {result.checkpoint}")
     if result.adapter:
         lines.append(f"LoRA adapter  {result.adapter}")
+    return "\n".join(lines)
+
+
+def devices_text(devices: list[str]) -> str:
+    """``cpu x4`` for repeated devices, else the list (``cuda:0, cuda:1``)."""
+    if len(set(devices)) == 1 and len(devices) > 1:
+        return f"{devices[0]} x{len(devices)}"
+    return ", ".join(devices)
+
+
+def pool_partition_effect(pipeline) -> str:
+    """Report lines for a round-robin ``partition: auto``: the simulator's step and bubble under the layer
+    profile for the generator's default (even) cut and for the auto cut the pool runs."""
+    from bubbleless_schedules import simulate
+    from bubbleless_schedules.roundrobin_layout import pool_groups
+
+    from .pool_plan import copy_bandwidth, generate_pool, job_costs
+
+    profile, schedule = pipeline.profile, pipeline.schedule
+    even = generate_pool(schedule.name or "roundrobin", None, num_layers=profile.num_layers,
+                         num_devices=len(pipeline.devices), num_microbatches=pipeline.num_microbatches,
+                         costs=None, options={})
+    bandwidth = copy_bandwidth(pipeline.devices[0])  # what the auto cut priced LOAD/STORE with
+    lines = ["partition     auto (every count of backward groups cut from the layer profile, the fastest "
+             "simulated kept), with the layer profile (per-job F/R/B, LOAD/STORE at the measured copy rate)"]
+    for label, plan in (("even", even), ("auto", schedule)):
+        groups = pool_groups(plan)
+        timeline = simulate(plan, job_costs(profile, groups, bandwidth=bandwidth))
+        lines.append(f"  {label} cut    forward {list(groups.forward)} last {groups.last} backward "
+                     f"{list(groups.backward)}: predicted step {timeline.makespan:.3f} ms, "
+                     f"bubble {timeline.bubble_rate:.1%}")
     return "\n".join(lines)

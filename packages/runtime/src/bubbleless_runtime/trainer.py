@@ -103,6 +103,9 @@ class Trainer:
     ``layers``: the whole model's layer list as built on every rank (used to find parameters shared
     between ranks). ``loss``: the ``ScaledLoss`` given to the pipeline. ``group``: the pipeline's
     process group (None: the default group, or no group when torch.distributed is not initialised).
+    ``autocast_device``: the device type bf16/fp16 autocast is entered for (None: the inputs' device).
+    A ``RoundRobinPipeline`` is one rank holding every (host-resident) parameter; its inputs stay on the
+    host while its devices compute, so give it the devices' type.
     """
 
     def __init__(
@@ -118,6 +121,7 @@ class Trainer:
         max_grad_norm: float = 0.0,
         precision: str = "fp32",
         group=None,
+        autocast_device: str | None = None,
     ) -> None:
         if precision not in AUTOCAST_DTYPES:
             raise ValueError(f"precision {precision!r} is unknown; choose one of {sorted(AUTOCAST_DTYPES)}")
@@ -126,6 +130,7 @@ class Trainer:
         self.pipeline, self.loss, self.optimizer, self.scheduler = pipeline, loss, optimizer, scheduler
         self.num_microbatches, self.grad_accum = num_microbatches, grad_accum
         self.max_grad_norm, self.precision, self.group = max_grad_norm, precision, group
+        self.autocast_device = autocast_device
         self.params = [p for p in pipeline.parameters() if p.requires_grad]
         self.scaler = DynamicLossScaler(enabled=precision == "fp16")
         self.step = 0
@@ -141,7 +146,7 @@ class Trainer:
             inputs, targets = data.batch(self.data_position)
             self.data_position += 1
             tokens += inputs.numel()
-            with self._autocast(inputs.device):
+            with self._autocast(self.autocast_device or inputs.device.type):
                 loss = self.pipeline.step(inputs, targets)
             if loss is not None:
                 summed += float(loss)
@@ -162,11 +167,11 @@ class Trainer:
         """The loss scale that multiplied this step's losses (before ``unscale_and_check`` changed it)."""
         return self.loss.factor * self.num_microbatches * self.grad_accum
 
-    def _autocast(self, device: torch.device):
+    def _autocast(self, device_type: str):
         dtype = AUTOCAST_DTYPES[self.precision]
         if dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast(device_type=device.type, dtype=dtype)
+        return torch.autocast(device_type=device_type, dtype=dtype)
 
     def _sum_shared_gradients(self) -> None:
         """All-reduce (sum) the grads of parameters that several ranks hold, e.g. tied embeddings.
