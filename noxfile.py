@@ -63,6 +63,13 @@ def demo(session: nox.Session) -> None:
 
 
 @nox.session
+def demo_roundrobin(session: nox.Session) -> None:
+    """The second demo: `bubbleless train --example roundrobin` (RoundPipe's pool, 4 CPU devices, one process)."""
+    _install(session)
+    session.run("bubbleless", "train", "--example", "roundrobin", *session.posargs, env=TEST_ENV)
+
+
+@nox.session
 def schedules_demo(session: nox.Session) -> None:
     """Compare every schedule at p=8, m=24 and draw ZB-V (no torch needed)."""
     _install(session, ("schedules",))
