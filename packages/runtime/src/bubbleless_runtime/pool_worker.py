@@ -242,11 +242,11 @@ def forward_last(worker: DeviceWorker, action: Action, state: WorkerState) -> No
     loaded = worker._job(j)
     x, nbytes = worker._input(action, state, payloads, worker.groups.layers(j).start)
     activation, leaves = worker._leaves(x)
-    target = state.step.targets[m]
-    target = tuple(t.to(worker.device) for t in target) if isinstance(target, tuple) else target.to(worker.device)
     loss_fn, modules = state.step.loss_fn, loaded.modules
     fused = getattr(loss_fn, "fused_head_backward", None)
-    with stream_context(worker.streams.compute):
+    with stream_context(worker.streams.compute):  # the target's copy is ordered before the loss reads it
+        target = state.step.targets[m]
+        target = tuple(t.to(worker.device) for t in target) if isinstance(target, tuple) else target.to(worker.device)
         body = worker._graph_forward(action, activation, modules[:-1], loaded, nbytes)
         result = None if fused is None else fused(modules[-1], body, target)
         if result is None:
