@@ -259,3 +259,35 @@ def test_rt_pool_profiles_one_layer_copy_at_a_time_and_leaves_the_callers_layers
     assert all(p.device.type == "cpu" for p in model.parameters())
     assert [c.param_bytes for c in profile.layers] == [sum(p.numel() * 4 for p in layer.parameters()) for layer in model]
     assert all(c.weight_grad > 0 for c in profile.layers)
+
+
+def test_rt_pool_interrupt_in_the_caller_stops_every_worker_and_the_next_step_works():
+    """Ctrl-C while ``step`` waits for its workers: they stop at their next wait, the devices are
+    cleared, and the pipeline still runs the next step to the unpipelined gradients."""
+    import os
+    import signal
+    import threading
+
+    model, ref = tiny_model(7), tiny_model(7)
+    inputs, targets = tiny_batch(8)
+    started = threading.Event()
+
+    class Slow(nn.Module):
+        def forward(self, activation):
+            started.set()
+            threading.Event().wait(0.1)
+            return activation
+
+    model.insert(1, Slow())
+    ref.insert(1, nn.Identity())
+    pipe = _pool(model, PoolGroups((3, 3), 2, (1, 2, 3)))
+    # a real SIGINT, as Ctrl-C sends: it wakes the caller blocked in join, mid-step
+    timer = threading.Thread(target=lambda: (started.wait(10), os.kill(os.getpid(), signal.SIGINT)))
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        pipe.step(inputs, targets)
+    timer.join()
+    assert [w.weights.resident_bytes for w in pipe.workers] == [0] * 4
+    assert all(p.grad is None for p in model.parameters())
+    loss = pipe.step(inputs, targets)
+    _assert_same(model, ref, inputs, targets, 4, loss)

@@ -176,19 +176,42 @@ class RoundRobinPipeline:
         autocast = _autocast_dtype(self.devices)
         errors: list = [None] * len(self.workers)
 
+        go = threading.Event()  # workers start together, and do nothing if the caller is interrupted first
+        finished = [threading.Event() for _ in self.workers]
+
         def body(index: int) -> None:
             try:
-                run_worker(self.workers[index], states[index], self.interpreter, autocast)
+                go.wait()
+                if board.failure is None:
+                    run_worker(self.workers[index], states[index], self.interpreter, autocast)
             except BaseException as error:  # noqa: BLE001 - handed to the caller below
                 errors[index] = error
                 board.fail(error)
+            finally:
+                finished[index].set()
 
         threads = [threading.Thread(target=body, args=(i,), name=f"bubbleless-pool-{i}", daemon=True)
                    for i in range(len(self.workers))]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        launched = 0
+        try:
+            for thread in threads:
+                thread.start()
+                launched += 1
+            go.set()
+            for done in finished:
+                done.wait()
+        except BaseException as interrupt:  # Ctrl-C in the caller: stop the workers before leaving
+            board.fail(interrupt)
+            go.set()
+            # Our own events, not Thread.join: a join cut short by KeyboardInterrupt can mark a running
+            # thread stopped (CPython's _wait_for_tstate_lock), and the next step would race it. A thread
+            # whose start() was cut short may never run: give it a moment, it touches nothing anyway.
+            for done in finished[:launched]:
+                done.wait()
+            if launched < len(finished):
+                finished[launched].wait(5.0)
+            self._recover()
+            raise
         if board.failure is not None:
             self._recover()
             raise self._explain(board.failure, errors, states) from None
