@@ -20,13 +20,17 @@ activation memory (the paper's ZB-1p). Pass ``memory_limit=2*num_ranks`` for ZB-
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
+from ..action import Kind
 from ..costs import Costs
 from ..placement import loop_placement
 from ..registry import register
 from ..schedule import Schedule
+from .local_search import adjacent_swaps
 from .zb_greedy import INF, GreedyPolicy, evaluate_orders, run_greedy, stage_costs, to_actions
 from .zb_handcrafted import delayed_w_pairs
+from .zb_heuristic import candidates as heuristic_candidates
 
 _LARGE = 4096  # p * m above which only the most useful candidates are tried (keeps p=32, m=256 fast)
 
@@ -70,26 +74,52 @@ def _pattern_candidates(p: int, m: int, limit: float) -> list[tuple]:
     return candidates
 
 
-@register("zb", "zerobubble")
-def zb(
-    *,
-    num_ranks: int,
-    num_microbatches: int,
-    costs: Costs,
-    memory_limit: float | None,
-    input_grad_frees: float = 0.0,
-) -> Schedule:
-    """The fastest split-backward schedule found under ``memory_limit`` (default p M_B) for ``costs``."""
-    p, m = num_ranks, num_microbatches
-    limit = float(p if memory_limit is None else memory_limit)
-    if limit < 1.0:
-        raise ValueError(
-            f"zb needs memory_limit >= 1 M_B (every rank holds at least one micro-batch's activations), got {limit:g}"
-        )
-    if not 0.0 <= input_grad_frees <= 1.0:
-        raise ValueError(f"input_grad_frees must be within [0, 1], got {input_grad_frees}")
-    costs.check_stages(p)
-    best_orders, best_key = None, (INF, INF)
+def _fits_orders(limit: float, frees: float):
+    """``fits`` for one rank's (kind, micro-batch) order: held activations never above ``limit``."""
+    bound, kind_f, kind_i = limit + 1e-9, Kind.F, Kind.I
+
+    def fits(rank: int, row) -> bool:
+        held = 0.0
+        for kind, _ in row:
+            held += 1.0 if kind is kind_f else -frees if kind is kind_i else frees - 1.0
+            if held > bound:
+                return False
+        return True
+
+    return fits
+
+
+def _can_swap(a, b) -> bool:
+    return a[0] is not b[0] and a[1] != b[1]
+
+
+SEARCH_BUDGET = 2e5
+"""Actions the local search may evaluate (about 0.1 s). Shapes too large for 200 evaluations of it
+(p * m > 1000) skip the search: it could not get far, and their gaps are the ramp's, not the order's."""
+
+
+def best_orders(
+    p: int, m: int, costs: Costs, limit: float, input_grad_frees: float = 0.0, *, first=None
+) -> tuple[tuple, float]:
+    """(orders, makespan): ``first`` unless ``search`` finds a strictly faster order (handcrafted orders win
+    ties, so the named patterns and their closed forms survive where they are optimal)."""
+    orders, makespan = search(p, m, costs, limit, input_grad_frees)
+    if first is not None:
+        own = round(evaluate_orders(first, costs, p), 9)
+        if own <= makespan + 1e-9:
+            return first, own
+    return orders, makespan
+
+
+@lru_cache(maxsize=64)
+def search(p: int, m: int, costs: Costs, limit: float, input_grad_frees: float = 0.0) -> tuple[tuple, float]:
+    """(orders, makespan) of the fastest split-backward order found under ``limit``.
+
+    Cached (``auto`` asks for zb, zb-h1 and zb-h2 at one limit: one search). Candidates: the greedy list scheduler under several warm-up depths and W policies (``zb_greedy``), the published
+    round-based heuristic under all 8 of its flag combinations and both readings of its warm-up rule (``zb_heuristic``), the delayed-W patterns
+    that fit; then adjacent swaps on the winner while the simulated makespan improves (small shapes).
+    """
+    best_orders_, best_key = None, (INF, INF)
     families = _depth_families(p, m, costs, limit)
     if p * m > _LARGE:
         del families["round-trip+1"]
@@ -105,9 +135,49 @@ def zb(
             result = run_greedy(p, m, costs, policy)
             key = (round(result.makespan, 9), result.peak_memory)
             if key < best_key:
-                best_orders, best_key = result.orders, key
+                best_orders_, best_key = result.orders, key
+    fits = _fits_orders(limit, input_grad_frees)
+    for orders, makespan, peak in heuristic_candidates(p, m, costs, limit, input_grad_frees):
+        makespan = round(makespan, 9)
+        if makespan < best_key[0] and peak <= limit + 1e-9:
+            best_orders_, best_key = orders, (makespan, INF)
     for orders in _pattern_candidates(p, m, limit):  # peaks counted with I freeing nothing: an upper bound
         makespan = round(evaluate_orders(orders, costs, p), 9)
         if makespan < best_key[0]:
-            best_orders, best_key = orders, (makespan, INF)
-    return Schedule(to_actions(best_orders), num_stages=p, num_microbatches=m, stage_to_rank=loop_placement(p), name="zb")
+            best_orders_, best_key = orders, (makespan, INF)
+    if p * m * 200 <= SEARCH_BUDGET:
+        rows, makespan = adjacent_swaps(
+            best_orders_, lambda rows: evaluate_orders(rows, costs, p), can_swap=_can_swap, fits=fits,
+            budget=SEARCH_BUDGET, best=best_key[0],
+        )
+        if makespan < best_key[0] - 1e-9:
+            best_orders_, best_key = tuple(rows), (round(makespan, 9), INF)
+    return best_orders_, best_key[0]
+
+
+def check_limit(name: str, limit: float, input_grad_frees: float) -> None:
+    if limit < 1.0:
+        raise ValueError(
+            f"{name} needs memory_limit >= 1 M_B (every rank holds at least one micro-batch's activations), "
+            f"got {limit:g}"
+        )
+    if not 0.0 <= input_grad_frees <= 1.0:
+        raise ValueError(f"input_grad_frees must be within [0, 1], got {input_grad_frees}")
+
+
+@register("zb", "zerobubble")
+def zb(
+    *,
+    num_ranks: int,
+    num_microbatches: int,
+    costs: Costs,
+    memory_limit: float | None,
+    input_grad_frees: float = 0.0,
+) -> Schedule:
+    """The fastest split-backward schedule found under ``memory_limit`` (default p M_B) for ``costs``."""
+    p, m = num_ranks, num_microbatches
+    limit = float(p if memory_limit is None else memory_limit)
+    check_limit("zb", limit, input_grad_frees)
+    costs.check_stages(p)
+    orders, _ = best_orders(p, m, costs, limit, input_grad_frees)
+    return Schedule(to_actions(orders), num_stages=p, num_microbatches=m, stage_to_rank=loop_placement(p), name="zb")
