@@ -57,7 +57,7 @@ def test_part_analytic_moe_counts_active_experts():
 
 
 def test_part_hardware_profiles():
-    assert set(HARDWARE) == {"rtx4090", "a800", "mi300x"}
+    assert {"rtx4090", "a800", "mi300x"} <= set(HARDWARE)
     assert hardware("mi300x") is MI300X and MI300X.peak_tflops > A800.peak_tflops > RTX_4090.peak_tflops
     assert all(hw.source for hw in HARDWARE.values())
     with pytest.raises(ValueError, match="unknown hardware"):

@@ -51,6 +51,11 @@ class TransformerShape:
     """MoE: experts each token runs through."""
     expert_intermediate: int | None = None
     """MoE: each expert's MLP width (None means ``intermediate``)."""
+    tied_embeddings: bool = False
+    """The LM head reuses the embedding matrix (config ``tie_word_embeddings``): one copy of it is stored,
+    trained and updated, though both layers still read it (and a round-robin job still uploads it)."""
+    source: str = ""
+    """Where the numbers come from (the published config file)."""
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden", "intermediate", "heads", "kv_heads", "vocab"):
@@ -79,6 +84,24 @@ class TransformerShape:
         expert = 3 * self.hidden * width
         router = self.hidden * self.experts
         return self.experts * expert + router, self.top_k * expert + router
+
+    def embedding_params(self) -> int:
+        return self.vocab * self.hidden
+
+    def layer_params(self) -> int:
+        """Stored parameters of one decoder layer: attention, MLP (every expert and the router), two norms."""
+        return self.attention_params() + self.mlp_params()[0] + 2 * self.hidden
+
+    def parameter_count(self) -> int:
+        """Stored parameters of the whole model (the final norm included; a tied head counted once)."""
+        heads = 1 if self.tied_embeddings else 2
+        return self.num_layers * self.layer_params() + heads * self.embedding_params() + self.hidden
+
+    def active_parameter_count(self) -> int:
+        """Parameters one token runs through (MoE: ``top_k`` experts of each layer)."""
+        dense = self.attention_params() + self.mlp_params()[1] + 2 * self.hidden
+        heads = 1 if self.tied_embeddings else 2
+        return self.num_layers * dense + heads * self.embedding_params() + self.hidden
 
     def active_mlp_width(self) -> int:
         if self.experts is None:
