@@ -106,6 +106,15 @@ def bench_runtime(session: nox.Session) -> None:
 
 
 @nox.session
+def bench_modelled(session: nox.Session) -> None:
+    """Issue-10 modelled mode: tokens/s and longest sequence per system on RTX 4090 / A800 / MI300X / H200
+    profiles (bench/results/modelled.md, PNGs); every figure modelled. The round-robin model plans with
+    the runtime's pool planner, so the runtime (and torch) is installed."""
+    _install(session)
+    session.run("python", "bench/model.py", "--table", *session.posargs, env=TEST_ENV)
+
+
+@nox.session
 def golden(session: nox.Session) -> None:
     """Regenerate the golden schedule CSV files after an intended change."""
     _install(session, ("schedules",))

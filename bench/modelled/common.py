@@ -1,0 +1,204 @@
+"""What every modelled system shares: the point it is asked about, what it answers, and the physics.
+
+The physics here is the model's, not any system's: FLOP-priced layer costs (``analytic_profile``),
+bytes of parameters, training state, activations and logits. Each system's module decides how it
+moves, keeps and recomputes them; nothing in one system's model calls another's.
+
+Assumptions written once (every system uses them):
+
+- **Allocator headroom.** A device may fill ``1 - HEADROOM`` of its memory, less ``CONTEXT_BYTES`` for
+  the CUDA/HIP context, NCCL buffers and library workspaces (assumed 1 GiB; PyTorch's caching allocator
+  fragments, 10% is the usual margin).
+- **Mixed precision.** ``bf16``/``fp16``: 16-bit working weights and gradients, fp32 master weights
+  and Adam moments (12 bytes per parameter besides the 4 of weights and gradients), the ZeRO paper's
+  accounting. ``fp32``: 4-byte weights and gradients, 8 bytes of moments.
+- **LoRA** (``lora_rank``): adapters of that rank on every projection (q, k, v, o, gate, up, down;
+  our runtime's defaults), attention-side only for MoE layers (experts are not adapted); the base is
+  frozen: no weight gradients (W costs nothing), no gradients or optimizer state for it. The adapters'
+  own FLOPs are left out (rank 16 adds under 1% to a layer's).
+- **Logits.** A loss computed whole keeps, per token and vocabulary entry, the 16-bit logits, their
+  fp32 copy and its fp32 gradient (10 bytes: what ``logits.float()`` then ``cross_entropy`` hold at the
+  backward's peak in Hugging Face models); a chunked loss holds that for one chunk only.
+- **Attention** is fused (flash): memory linear in the sequence, FLOPs quadratic.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from bubbleless_partition import Hardware, LayerCost, Profile, TransformerShape, analytic_profile
+
+HEADROOM = 0.10
+"""Share of device memory left to the allocator (fragmentation, transient buffers)."""
+CONTEXT_BYTES = 2**30
+"""Device bytes no model owns: runtime context, communication buffers, library workspaces (assumed)."""
+LOGITS_BYTES = 10
+"""Bytes per (token, vocabulary entry) a loss holds at its peak (see the module docstring)."""
+LOSS_CHUNK_TOKENS = 4096
+"""Our runtime's chunked loss (``bubbleless_runtime.models.loss``) and RoundPipe's."""
+LORA_TARGETS = 7
+"""Projections a dense layer's LoRA adapts (q, k, v, o, gate, up, down)."""
+MAX_SEQ = 1 << 22
+"""The longest sequence the bisection tries (4M tokens)."""
+PRECISIONS = {"bf16": 2, "fp16": 2, "fp32": 4}
+"""Precision name -> bytes of a working weight or gradient."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Point:
+    """One modelled run: a model on ``gpus`` devices of one kind, at one sequence length."""
+
+    shape: TransformerShape
+    hardware: Hardware
+    gpus: int
+    seq_len: int
+    micro_batch: int = 1
+    """Sequences per micro-batch."""
+    global_batch: int = 32
+    """Sequences per optimizer step, for every system (data-parallel systems split it over the GPUs)."""
+    precision: str = "bf16"
+    lora_rank: int | None = None
+    """None: full fine-tuning; a rank: LoRA adapters on a frozen base."""
+
+    def __post_init__(self) -> None:
+        for name in ("gpus", "seq_len", "micro_batch", "global_batch"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"Point.{name} must be a positive int, got {value!r}")
+        if self.global_batch % self.micro_batch:
+            raise ValueError(f"global_batch={self.global_batch} is not a multiple of micro_batch={self.micro_batch}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {self.precision!r}")
+        if self.lora_rank is not None and (not isinstance(self.lora_rank, int) or self.lora_rank < 1):
+            raise ValueError(f"lora_rank must be a positive int or None, got {self.lora_rank!r}")
+
+    @property
+    def dtype_bytes(self) -> int:
+        return PRECISIONS[self.precision]
+
+    @property
+    def microbatches(self) -> int:
+        return self.global_batch // self.micro_batch
+
+    @property
+    def tokens(self) -> int:
+        """Tokens per optimizer step."""
+        return self.global_batch * self.seq_len
+
+    def at(self, **changes) -> Point:
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prediction:
+    """What a system's model says about a point. ``fits`` False: the run does not fit (tokens_per_s 0)."""
+
+    system: str
+    tokens_per_s: float
+    step_s: float
+    max_seq_len: int
+    """The longest sequence (micro-batch 1) whose modelled peak fits the device; 0 if none does."""
+    peak_device_bytes: float
+    fits: bool = True
+    notes: tuple[str, ...] = ()
+    details: dict = field(default_factory=dict)
+    """Named parts of the step (seconds) and of the peak (bytes), for reports."""
+
+    def as_dict(self) -> dict:
+        return {
+            "system": self.system, "tokens_per_s": self.tokens_per_s, "step_s": self.step_s,
+            "max_seq_len": self.max_seq_len, "peak_device_bytes": self.peak_device_bytes, "fits": self.fits,
+            "modelled": True, "notes": list(self.notes), "details": self.details,
+        }
+
+
+def usable_bytes(hw: Hardware) -> float:
+    """Device bytes a model may fill: memory less headroom and the fixed context."""
+    return hw.memory_bytes * (1 - HEADROOM) - CONTEXT_BYTES
+
+
+def profile_of(point: Point, *, loss_chunk_tokens: int | None, seq_len: int | None = None) -> Profile:
+    """Per-layer costs (ms per micro-batch) at the point's precision; LoRA zeroes the frozen base's W."""
+    hw = point.hardware.for_dtype(point.precision)
+    prof = analytic_profile(point.shape, hw, seq_len=seq_len or point.seq_len, micro_batch_size=point.micro_batch,
+                            dtype_bytes=point.dtype_bytes, loss_chunk_tokens=loss_chunk_tokens)
+    if point.lora_rank is None:
+        return prof
+    return prof.with_(layers=tuple(replace(layer, weight_grad=0.0) for layer in prof.layers))
+
+
+def trainable_params(point: Point) -> float:
+    """Parameters that get gradients and optimizer state."""
+    s = point.shape
+    if point.lora_rank is None:
+        return s.parameter_count()
+    q, kv = s.heads * s.dim, s.kv_heads * s.dim
+    attention = (s.hidden + q) + 2 * (s.hidden + kv) + (q + s.hidden)
+    mlp = 0 if s.experts is not None else 3 * (s.hidden + s.intermediate)
+    return point.lora_rank * (attention + mlp) * s.num_layers
+
+
+def state_bytes_per_trainable(point: Point) -> float:
+    """Bytes of weights, gradients, master weights and Adam moments per trained parameter."""
+    d = point.dtype_bytes
+    return d + d + (12 if d == 2 else 8)
+
+
+def layer_params(layer: LayerCost, point: Point) -> float:
+    return layer.param_bytes / point.dtype_bytes
+
+
+def logits_bytes(point: Point, tokens: int, chunk: int | None) -> float:
+    """Peak bytes of the loss over ``tokens`` tokens, whole or in ``chunk``-token pieces."""
+    held = tokens if chunk is None else min(chunk, tokens)
+    return held * point.shape.vocab * LOGITS_BYTES
+
+
+def decoder_activation_bytes(prof: Profile) -> float:
+    """What one decoder layer keeps for backward over one micro-batch (all decoder layers are alike)."""
+    return prof.layers[1].activation_bytes_per_token * prof.tokens_per_microbatch
+
+
+def hidden_bytes(point: Point, tokens: int) -> float:
+    """One hidden-state tensor (a layer's input or output) over ``tokens`` tokens."""
+    return tokens * point.shape.hidden * point.dtype_bytes
+
+
+def longest_sequence(peak_at, capacity: float, *, limit: int = MAX_SEQ) -> int:
+    """The largest sequence length ``s`` in [1, limit] with ``peak_at(s) <= capacity`` (0 if none).
+
+    Bisection; ``peak_at`` must not decrease with ``s`` (every system's peak model is a sum of terms
+    linear or constant in the sequence), so a larger capacity never gives a shorter answer.
+    """
+    if peak_at(1) > capacity:
+        return 0
+    if peak_at(limit) <= capacity:
+        return limit
+    low, high = 1, limit  # peak_at(low) fits, peak_at(high) does not
+    while high - low > 1:
+        mid = (low + high) // 2
+        if peak_at(mid) <= capacity:
+            low = mid
+        else:
+            high = mid
+    return low
+
+
+def finite_positive(value: float) -> bool:
+    return math.isfinite(value) and value > 0
+
+
+def not_fitting(system: str, point: Point, peak: float, max_seq: int, why: str, **details) -> Prediction:
+    return Prediction(system=system, tokens_per_s=0.0, step_s=math.inf, max_seq_len=max_seq,
+                      peak_device_bytes=peak, fits=False, notes=(why,), details=details)
+
+
+def done(system: str, point: Point, step_s: float, peak: float, max_seq: int, notes, **details) -> Prediction:
+    capacity = usable_bytes(point.hardware)
+    if peak > capacity:
+        return not_fitting(system, point, peak, max_seq,
+                           f"needs {peak / 2**30:.1f} GiB per device at seq {point.seq_len}, "
+                           f"{capacity / 2**30:.1f} GiB usable", **details)
+    return Prediction(system=system, tokens_per_s=point.tokens / step_s, step_s=step_s, max_seq_len=max_seq,
+                      peak_device_bytes=peak, notes=tuple(notes), details=details)

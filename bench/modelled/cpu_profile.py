@@ -1,0 +1,84 @@
+"""Measure this machine's CPU as a ``Hardware`` profile named ``cpu``, for calibrating the models against
+measured CPU runs (where every "device" is the CPU and every copy a memory copy).
+
+    python bench/model.py --measure-cpu [--cpu-profile bench/modelled/cpu.yaml]
+
+Measured, with torch at its current thread count (recorded in the description): GEMM throughput per
+dtype (square ``torch.mm``, median of a few runs), memory bandwidth (a large tensor copy, bytes read
+plus written), the host-to-"device" copy rate (``bubbleless_runtime.pool_plan.copy_bandwidth`` on the
+CPU, what the pool's LOAD costs here), and ``torch.optim.AdamW`` steps per second over one large fp32
+tensor (our host optimizer's kernel). Not measured, and said so in the sources: peak FLOP/s (set to the
+sustained figure), a fused CPU-Adam (DeepSpeed is not installed here: set to torch's rate).
+A few seconds on one core; run it on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+from bubbleless_partition import Hardware, hardware_from_dict
+
+DEFAULT_PATH = Path(__file__).with_name("cpu.yaml")
+
+
+def _median_seconds(fn, repeats: int = 5) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure_cpu(*, gemm: int = 768, copy_mib: int = 256, adam_params: int = 1 << 23) -> Hardware:
+    import torch
+
+    from bubbleless_runtime.pool_plan import copy_bandwidth
+
+    tflops = {}
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        a, b = torch.randn(gemm, gemm, dtype=dtype), torch.randn(gemm, gemm, dtype=dtype)
+        seconds = _median_seconds(lambda a=a, b=b: torch.mm(a, b))
+        tflops[name] = round(2 * gemm**3 / seconds / 1e12, 4)
+    source = torch.empty(copy_mib << 20, dtype=torch.uint8)
+    target = torch.empty_like(source)
+    memory_gb_s = round(2 * source.numel() / _median_seconds(lambda: target.copy_(source)) / 1e9, 2)
+    host_gb_s = round(copy_bandwidth(torch.device("cpu")), 2)
+    param = torch.nn.Parameter(torch.zeros(adam_params))
+    param.grad = torch.randn(adam_params)
+    optimizer = torch.optim.AdamW([param], lr=1e-3)
+    adam = round(adam_params / _median_seconds(optimizer.step, repeats=3), -3)
+    ram_gib = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    how = f"measured on {platform.node() or 'this machine'} with torch {torch.__version__}, {torch.get_num_threads()} threads"
+    data = {
+        "name": "cpu", "kind": "cpu",
+        "description": f"{platform.processor() or platform.machine()}; {how}, {time.strftime('%Y-%m-%d')}",
+        "peak_tflops": {"value": tflops, "source": "not measured: set to the sustained figure (efficiency 1)"},
+        "sustained_tflops": {"value": tflops, "source": f"{how}: torch.mm {gemm}x{gemm}, median of 5"},
+        "memory_gib": {"value": ram_gib, "source": "physical memory (sysconf)"},
+        "memory_bandwidth": {"value": memory_gb_s, "source": f"{how}: {copy_mib} MiB copy, read + write bytes"},
+        "pcie_bandwidth": {"value": host_gb_s, "source": "no host link: a CPU device's copy is a memory copy"},
+        "host_bandwidth": {"value": host_gb_s, "source": f"{how}: pool_plan.copy_bandwidth(cpu), 16 MiB"},
+        "peer_to_peer": {"value": False, "source": "CPU devices hand activations through host memory"},
+        "link_bandwidth": {"value": host_gb_s, "source": "as host_bandwidth: a memory copy"},
+        "collective_bandwidth": {"value": host_gb_s, "source": "as host_bandwidth: gloo over shared memory, assumed"},
+        "host_memory_bandwidth": {"value": memory_gb_s, "source": "as memory_bandwidth"},
+        "cpu_adam_fused_params_per_s": {
+            "value": adam, "source": "not measured (no DeepSpeed CPU-Adam here): set to torch AdamW's rate"},
+        "cpu_adam_params_per_s": {
+            "value": adam, "source": f"{how}: torch.optim.AdamW.step over {adam_params} fp32 parameters, median of 3"},
+    }
+    return hardware_from_dict(data)
+
+
+def write_cpu_profile(path: str | Path = DEFAULT_PATH) -> Hardware:
+    from bubbleless_partition import save_hardware
+
+    hw = measure_cpu()
+    save_hardware(hw, path)
+    return hw

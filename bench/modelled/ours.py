@@ -1,0 +1,292 @@
+"""Our systems, modelled with our own planners and simulator: what the runtime would plan and run.
+
+**Stage-bound schedules** (every name ``bubbleless_schedules`` registers; ``bubbleless-1f1b`` for ours
+1F1B): the layers (embedding, decoder layers, LM head) cut by ``bubbleless_partition.cut`` into one
+stage per GPU (``method="dp"``), two per GPU for V-shaped and interleaved schedules (``"v"`` / ``"dp"``);
+each stage's F, I and W summed from the analytic profile and handed to the schedule's generator as
+per-stage costs; the step's compute is the simulated makespan. Assumptions:
+
+- p2p: one boundary activation per micro-batch at the profile's link rate (the peer link where there is
+  one, PCIe through host memory on the RTX 4090), as the simulator's one ``comm`` latency (the largest
+  cut's); the simulator overlaps nothing else.
+- weights, gradients and optimizer state resident on the GPU (16 bytes per parameter in mixed precision);
+  the optimizer step runs on the device, memory-bound (30 bytes moved per parameter at device bandwidth).
+- no recompute; the loss chunked by 4,096 tokens (our runtime's ``chunked_cross_entropy``).
+- peak memory per GPU: its stages' state, plus the simulated peak of micro-batches in flight
+  (``Timeline.peak_memory``, with I freeing nothing until W: pessimistic for ZB) times one micro-batch's
+  saved activations of its layers, plus one loss chunk on the GPU holding the head.
+
+**Round-robin** (``roundrobin``): what ``RoundRobinPipeline(partition=<analytic profile>)`` plans:
+``bubbleless_runtime.pool_plan.auto_groups`` cuts 1 .. 3 x GPUs backward groups (``cut(method=
+"roundrobin")``), prices each job with ``pool_plan.job_costs`` (LOAD = the group's weights over the host
+link, STORE = its gradients back), and keeps the cut whose simulated step is shortest. Assumptions:
+
+- host link per GPU: the achieved PCIe rate, or the GPUs' share of half the host's DRAM bandwidth if
+  that is less (every GPU streams weights at once; the other half is left to the CPU and activations).
+- the simulator serialises each LOAD with its device's compute (``roundrobin_layout``: pessimistic,
+  RoundPipe overlaps uploads on a separate stream).
+- a step of the global batch is one or more pool steps (``RoundRobinPipeline.step(...,
+  optimizer_step=False)`` accumulates): every divisor of the batch's micro-batches that gives each GPU
+  at least one is tried, the fastest kept. One long pool step puts all micro-batches of the fused last
+  group (the LM head) on one GPU; shorter ones deal those jobs to different GPUs but pay a ramp each.
+- activation hand-off through pinned host memory: the simulator's ``comm`` is one boundary activation
+  down and up again at that link rate.
+- the optimizer: ``torch.optim.AdamW`` on the CPU over every trained parameter (``HostOptimizer``) at the
+  profile's ``cpu_adam_params_per_s``, after the last gradient is down: our runtime is synchronous.
+  RoundPipe's default one-step-stale mode would hide it behind the next step; the notes give that figure.
+- peak memory per GPU: the weights of two consecutive jobs on it (the current and the prefetched), plus
+  one micro-batch's saved activations of its largest gradient job (recomputed backward groups and the
+  fused last group keep one micro-batch), one loss chunk, and the hidden-state buffers in and out.
+  The longest sequence assumes the cut a long-sequence user would pick: one layer per group.
+- the cut: ``auto_groups`` (1 .. 3 x GPUs backward groups); where none of those fits (the 235B MoE's
+  5 GB layers on a 24 GB GPU), the smallest count past that range that fits and the next three, as a user would pass them.
+- host memory is assumed large enough for every weight, gradient and optimizer state.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from functools import lru_cache
+
+from bubbleless_partition import cut
+from bubbleless_schedules import Costs, available, generate, simulate
+
+from .common import (
+    LOSS_CHUNK_TOKENS,
+    Point,
+    Prediction,
+    done,
+    hidden_bytes,
+    layer_params,
+    logits_bytes,
+    longest_sequence,
+    not_fitting,
+    profile_of,
+    state_bytes_per_trainable,
+    trainable_params,
+    usable_bytes,
+)
+from .registry import register
+
+TWO_CHUNKS = {"zbv": "v", "v-half": "v", "v-min": "v", "dualpipev": "v", "interleaved-1f1b": "dp"}
+"""Schedules with two stages per GPU -> the cut method that places them."""
+POOL_DMA_SHARE = 0.5
+"""Assumed share of the host's DRAM bandwidth the GPUs' copies get together."""
+OPTIMIZER_BYTES_PER_PARAM = 30
+"""Device bytes a fused on-GPU Adam step moves per parameter (as ``hardware_data`` prices CPU Adam)."""
+
+
+def _stage_state_bytes(point: Point, layers) -> float:
+    weights = sum(layer.param_bytes for layer in layers)
+    if point.lora_rank is not None:
+        return weights  # frozen 16-bit base; the adapters' state is a rounding error
+    return weights * state_bytes_per_trainable(point) / point.dtype_bytes
+
+
+def _device_optimizer_s(point: Point, rank_layers) -> float:
+    if point.lora_rank is not None:
+        return 0.0
+    params = max(sum(layer_params(layer, point) for layer in layers) for layers in rank_layers)
+    return params * OPTIMIZER_BYTES_PER_PARAM / (point.hardware.memory_bandwidth * 1e9)
+
+
+@lru_cache(maxsize=256)
+def _stage_bound_plan(name: str, point: Point):
+    prof = profile_of(point, loss_chunk_tokens=LOSS_CHUNK_TOKENS)
+    p = point.gpus
+    method = TWO_CHUNKS.get(name, "dp")
+    chunks = p * (2 if name in TWO_CHUNKS else 1)
+    if chunks > prof.num_layers:
+        raise ValueError(f"{chunks} stages are more than the {prof.num_layers} layers")
+    part = cut(prof, num_stages=chunks, method=method)
+    stages = [part.layers_of(s) for s in range(part.num_stages)]
+    costs = Costs(
+        tuple(sum(prof.layers[i].forward for i in r) for r in stages),
+        tuple(sum(prof.layers[i].input_grad for i in r) for r in stages),
+        tuple(sum(prof.layers[i].weight_grad for i in r) for r in stages),
+        max((prof.cut_transfer_time(b) for b in part.boundaries), default=0.0),
+    )
+    schedule = generate(name, num_ranks=p, num_microbatches=point.microbatches, costs=costs)
+    timeline = simulate(schedule, costs)
+    ranks = [[i for s, r in enumerate(schedule.stage_to_rank) if r == rank for i in stages[s]] for rank in range(p)]
+    return part.sizes, ranks, timeline.makespan, timeline.peak_memory
+
+
+def _stage_bound_peak(point: Point, ranks, in_flight, seq_len: int) -> float:
+    prof = profile_of(point, loss_chunk_tokens=LOSS_CHUNK_TOKENS, seq_len=seq_len)
+    tokens = seq_len * point.micro_batch
+    last = prof.num_layers - 1
+    peaks = []
+    for rank, layer_ids in enumerate(ranks):
+        layers = [prof.layers[i] for i in layer_ids]
+        activations = sum(layer.activation_bytes_per_token for layer in layers) * tokens
+        peak = _stage_state_bytes(point, layers) + in_flight[rank] * activations + 2 * hidden_bytes(point, tokens)
+        if last in layer_ids:
+            peak += logits_bytes(point, tokens, LOSS_CHUNK_TOKENS)
+        peaks.append(peak)
+    return max(peaks)
+
+
+def stage_bound(name: str):
+    """The modelled runner for our stage-bound schedule ``name``."""
+    system = "bubbleless-1f1b" if name == "1f1b" else name
+
+    def model(point: Point) -> Prediction:
+        try:
+            sizes, ranks, makespan_ms, in_flight = _stage_bound_plan(name, point)
+        except ValueError as error:
+            return not_fitting(system, point, math.inf, 0, f"no plan: {error}")
+        prof = profile_of(point, loss_chunk_tokens=LOSS_CHUNK_TOKENS)
+        optimizer = _device_optimizer_s(point, [[prof.layers[i] for i in r] for r in ranks])
+        step = makespan_ms / 1e3 + optimizer
+        peak = _stage_bound_peak(point, ranks, in_flight, point.seq_len)
+        longest = longest_sequence(lambda s: _stage_bound_peak(point.at(micro_batch=1), ranks, in_flight, s),
+                                   usable_bytes(point.hardware))
+        notes = [f"stages {list(sizes)}; in flight per GPU {list(in_flight)} micro-batches"]
+        return done(system, point, step, peak, longest, notes,
+                    compute_s=makespan_ms / 1e3, optimizer_s=optimizer)
+
+    model.__doc__ = f"Our stage-bound {name!r} schedule (bench/modelled/ours.py)."
+    return model
+
+
+def pool_host_bandwidth(point: Point) -> float:
+    """GB/s each pool GPU gets from host memory when all stream at once."""
+    hw = point.hardware
+    share = math.inf if hw.host_memory_bandwidth is None else hw.host_memory_bandwidth * POOL_DMA_SHARE / point.gpus
+    return min(hw.host_bandwidth, share)
+
+
+def _pool_peak_one_layer_groups(point: Point, seq_len: int) -> float:
+    prof = profile_of(point, loss_chunk_tokens=LOSS_CHUNK_TOKENS, seq_len=seq_len)
+    tokens = seq_len * point.micro_batch
+    weights = sorted((layer.param_bytes for layer in prof.layers), reverse=True)
+    activations = max(layer.activation_bytes_per_token for layer in prof.layers) * tokens
+    return (weights[0] + weights[min(1, len(weights) - 1)] + activations
+            + logits_bytes(point, tokens, LOSS_CHUNK_TOKENS) + 2 * hidden_bytes(point, tokens))
+
+
+def pool_step_sizes(point: Point) -> list[int]:
+    """Micro-batches per pool step to try: divisors of the step's micro-batches, at least one per GPU
+    (fewer leaves GPUs idle) unless the batch is smaller than the pool."""
+    total = point.microbatches
+    return [m for m in range(1, total + 1) if total % m == 0 and m >= min(point.gpus, total)]
+
+
+@lru_cache(maxsize=256)
+def _pool_plan(point: Point):
+    """The fastest of ``pool_step_sizes``: (groups, makespan of the whole batch ms, peak, GB/s, M, transfer ms)."""
+    best = None
+    for size in pool_step_sizes(point):
+        plan = _pool_plan_at(point, size)
+        total = plan[1] * point.microbatches // size
+        if best is None or total < best[1] - 1e-9:
+            best = (plan[0], total, plan[2], plan[3], size, plan[4] * point.microbatches // size)
+    return best
+
+
+def _pool_plan_at(point: Point, microbatches: int):
+    from bubbleless_runtime.pool_plan import auto_groups  # torch comes with it: import on first use
+
+    bandwidth = pool_host_bandwidth(point)
+    prof = profile_of(point, loss_chunk_tokens=LOSS_CHUNK_TOKENS).with_(host_bandwidth=bandwidth)
+    tokens = point.seq_len * point.micro_batch
+    # Two consecutive groups' weights sit on a GPU, and one group's activations, the loss chunk and buffers.
+    cap = (usable_bytes(point.hardware) - logits_bytes(point, tokens, LOSS_CHUNK_TOKENS)
+           - 2 * hidden_bytes(point, tokens)) / 2
+    try:
+        groups, schedule, costs = auto_groups(
+            prof, num_devices=point.gpus, num_microbatches=microbatches, name="roundrobin", options={},
+            bandwidth=bandwidth, memory_cap=cap,
+        )
+    except ValueError:
+        groups, schedule, costs = _more_groups(prof, point, microbatches, bandwidth, cap)
+    hand_off_ms = 2 * hidden_bytes(point, point.seq_len * point.micro_batch) / (bandwidth * 1e6)
+    costs = replace(costs, comm=hand_off_ms)
+    timeline = simulate(schedule, costs)
+    peaks = []
+    for actions in schedule.actions:
+        jobs = list(dict.fromkeys(a.stage for a in actions))
+        weights = [sum(prof.layers[i].param_bytes for i in groups.layers(j)) for j in jobs]
+        pairs = [a + b for a, b in zip(weights, weights[1:], strict=False)] + weights + [0]
+        kept = [sum(prof.layers[i].activation_bytes_per_token for i in groups.layers(j)) * tokens
+                for j in jobs if groups.role(j) != "forward"] + [0]
+        peaks.append(max(pairs) + max(kept))
+    peak = max(peaks) + logits_bytes(point, tokens, LOSS_CHUNK_TOKENS) + 2 * hidden_bytes(point, tokens)
+    loads = sum(costs.load) + sum(costs.store)
+    return groups, timeline.makespan, peak, bandwidth, loads
+
+
+def _more_groups(prof, point: Point, microbatches: int, bandwidth: float, cap: float):
+    """When no cut into at most 3 x GPUs groups fits (``auto_groups``' range), what a user passes as
+    ``partition=cut(profile, num_stages=n, method="roundrobin")``: the fastest simulated of the smallest
+    group count that fits the cap and the next three."""
+    from bubbleless_runtime.pool_plan import generate_pool, groups_from_partition, job_costs
+
+    def attempt(count):
+        try:
+            return cut(prof, num_stages=count, method="roundrobin", num_microbatches=microbatches, memory_cap=cap)
+        except ValueError:
+            return None
+
+    low, high = 3 * point.gpus, prof.num_layers  # fewer groups fit less: bisect the smallest count that fits
+    if low >= high or attempt(high) is None:
+        raise ValueError(f"no round-robin cut into any number of groups keeps a group under {cap / 2**30:.1f} GiB")
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (low, mid) if attempt(mid) is not None else (mid, high)
+    best = None
+    for count in range(high, min(high + 4, prof.num_layers + 1)):
+        partition = attempt(count)
+        if partition is None:
+            continue
+        groups = groups_from_partition(partition)
+        costs = job_costs(prof, groups, bandwidth=bandwidth)
+        schedule = generate_pool("roundrobin", groups, num_layers=prof.num_layers, num_devices=point.gpus,
+                                 num_microbatches=microbatches, costs=costs, options={})
+        makespan = simulate(schedule, costs).makespan
+        if best is None or makespan < best[0]:
+            best = (makespan, groups, schedule, costs)
+    return best[1], best[2], best[3]
+
+
+def _runs(sizes) -> str:
+    """``[2, 1, 1, 1]`` as ``2, 1x3``: group lists of 96 layers stay readable."""
+    out = []
+    for size in sizes:
+        if out and out[-1][0] == size:
+            out[-1][1] += 1
+        else:
+            out.append([size, 1])
+    return "[" + ", ".join(f"{v}x{n}" if n > 1 else str(v) for v, n in out) + "]"
+
+
+def roundrobin(point: Point) -> Prediction:
+    """Our round-robin device pool (RoundPipe's mechanism), as ``RoundRobinPipeline`` would plan it."""
+    try:
+        groups, makespan_ms, peak, bandwidth, per_step, transfer_ms = _pool_plan(point)
+    except ValueError as error:
+        longest = longest_sequence(lambda s: _pool_peak_one_layer_groups(point.at(micro_batch=1), s),
+                                   usable_bytes(point.hardware))
+        return not_fitting("roundrobin", point, math.inf, longest, f"no plan: {error}")
+    optimizer = trainable_params(point) / point.hardware.cpu_adam_params_per_s
+    step = makespan_ms / 1e3 + optimizer
+    stale = max(makespan_ms / 1e3, optimizer)
+    longest = longest_sequence(lambda s: _pool_peak_one_layer_groups(point.at(micro_batch=1), s),
+                               usable_bytes(point.hardware))
+    notes = [
+        f"{point.microbatches // per_step} pool steps of {per_step} micro-batches, gradients accumulated; groups "
+        f"fwd {_runs(groups.forward)} last {groups.last} bwd {_runs(groups.backward)}; host link "
+        f"{bandwidth:.1f} GB/s per GPU",
+        f"one-step-stale optimizer (RoundPipe's default, not in our runtime): {point.tokens / stale:,.0f} tokens/s",
+    ]
+    return done("roundrobin", point, step, peak, longest, notes,
+                compute_s=makespan_ms / 1e3, optimizer_s=optimizer, transfer_s_all_jobs=transfer_ms / 1e3)
+
+
+register("roundrobin", modelled=roundrobin, description="ours: round-robin device pool, host-resident state")
+for _name in available():
+    if _name not in ("roundrobin", "auto"):
+        register("bubbleless-1f1b" if _name == "1f1b" else _name, modelled=stage_bound(_name),
+                 description=f"ours: stage-bound {_name} schedule")

@@ -1,0 +1,116 @@
+"""bench/modelled: every system's prediction is sane, the longest-sequence search is monotone, the CLI
+prints one point as JSON, a few figures stay as they were, and calibration reports errors per system.
+
+Figures are modelled; the snapshot pins them so a change to a cost model shows up as a diff here
+(update the literals, with the reason, when the change is intended).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import sys
+from contextlib import redirect_stdout
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # bench/ is not installed: import it from the checkout
+    sys.path.insert(0, str(ROOT))
+
+from bench.modelled import Point, predict, register, systems  # noqa: E402
+from bench.modelled.calibrate import calibrate, calibration_table, cpu_hardware, cpu_point  # noqa: E402
+from bench.modelled.common import longest_sequence, usable_bytes  # noqa: E402
+from bubbleless_partition import A800, RTX_4090, shape  # noqa: E402
+
+SMALL = Point(shape=shape("qwen3-1.7b"), hardware=A800, gpus=2, seq_len=512, global_batch=4)
+"""Small enough for every system to plan in well under a second, and every one fits on two A800s."""
+
+STAND_IN_MEASURED_CPU_TOKENS_PER_S = {"roundrobin": 40.0, "zero-infinity": 25.0, "1f1b": 30.0}
+"""A stand-in for the measured CPU runs, which do not exist yet: only the hook is tested."""
+
+
+def test_cross_modelled_every_system_predicts_positive_finite_numbers():
+    names = sorted(n for n, s in systems().items() if s.modelled is not None)
+    assert {"roundrobin", "zero-infinity", "zero2", "fsdp-offload", "1f1b", "zb", "zbv", "bubbleless-1f1b"} <= set(names)
+    for name in names:
+        p = predict(name, SMALL)
+        assert p.fits, (name, p.notes)
+        for value in (p.tokens_per_s, p.step_s, p.peak_device_bytes, p.max_seq_len):
+            assert math.isfinite(value) and value > 0, (name, value)
+        assert p.peak_device_bytes <= usable_bytes(A800)
+        assert p.as_dict()["modelled"] is True
+
+
+def test_cross_modelled_bisection_finds_the_boundary_and_is_monotone_in_memory():
+    def peak(seq):
+        return 1000.0 + 3.0 * seq
+
+    assert longest_sequence(peak, 999.0) == 0
+    assert longest_sequence(peak, 1000.0 + 3 * 777) == 777
+    assert longest_sequence(peak, 1e30, limit=4096) == 4096
+    answers = [longest_sequence(peak, c) for c in range(1000, 50_000, 997)]
+    assert answers == sorted(answers)
+
+
+@pytest.mark.parametrize("system", ["roundrobin", "zero-infinity", "zero2", "fsdp-offload", "1f1b", "zb"])
+def test_cross_modelled_more_device_memory_never_shortens_the_longest_sequence(system):
+    lengths = [predict(system, SMALL.at(hardware=replace(A800, memory_gib=gib))).max_seq_len for gib in (24, 48, 80)]
+    assert lengths == sorted(lengths) and lengths[-1] > lengths[0], lengths
+
+
+def test_cross_modelled_cli_prints_one_point_as_json():
+    from bench.model import main
+
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert main(["--hardware", "rtx4090", "--gpus", "8", "--model", "qwen3-1.7b", "--system", "zero-infinity",
+                     "--seq-len", "2048", "--json"]) == 0
+    data = json.loads(out.getvalue())
+    assert data["modelled"] is True and data["system"] == "zero-infinity" and data["gpus"] == 8
+    assert {"tokens_per_s", "max_seq_len", "step_s", "peak_device_bytes", "notes"} <= set(data)
+    assert data["tokens_per_s"] == pytest.approx(
+        predict("zero-infinity", Point(shape=shape("qwen3-1.7b"), hardware=RTX_4090, gpus=8, seq_len=2048)).tokens_per_s)
+
+
+def test_cross_modelled_figure_snapshot():
+    """8x RTX 4090, Qwen3-1.7B, seq 2048, 32 sequences per step (the results table's headline row)."""
+    point = Point(shape=shape("qwen3-1.7b"), hardware=RTX_4090, gpus=8, seq_len=2048)
+    figures = {name: predict(name, point) for name in ("zero-infinity", "zero2", "fsdp-offload", "1f1b")}
+    assert {k: round(p.tokens_per_s) for k, p in figures.items()} == {
+        "zero-infinity": 17141, "zero2": 31832, "fsdp-offload": 14311, "1f1b": 38738}
+    assert {k: p.max_seq_len for k, p in figures.items()} == {
+        "zero-infinity": 11887, "zero2": 10011, "fsdp-offload": 11887, "1f1b": 6611}
+    small = predict("roundrobin", SMALL)
+    assert (round(small.tokens_per_s), small.max_seq_len) == (1556, 932721)
+
+
+def test_cross_modelled_a_measured_runner_plugs_in_under_the_same_name():
+    system = systems()["zero-infinity"]
+    try:
+        register("zero-infinity", measured=lambda scenario: {"tokens_per_s": 1.0})
+        assert system.measured is not None and system.modelled is not None and system.baseline
+        with pytest.raises(ValueError, match="already has a modelled runner"):
+            register("zero-infinity", modelled=lambda point: None)
+    finally:
+        system.measured = None
+    with pytest.raises(ValueError, match="unknown modelled system 'deepspeed'"):
+        predict("deepspeed", SMALL)
+
+
+def test_cross_modelled_calibration_hook_with_a_stand_in_measurement():
+    hw = cpu_hardware()  # bench/modelled/cpu.yaml, measured by `bench/model.py --measure-cpu`
+    assert hw.kind == "cpu" and "measured" in hw.sources["sustained_tflops"]
+    point = cpu_point(shape("qwen3-1.7b").__class__(
+        name="tiny", num_layers=4, hidden=64, intermediate=128, heads=4, kv_heads=2, vocab=512), hardware=hw,
+        global_batch=4)
+    rows = calibrate(STAND_IN_MEASURED_CPU_TOKENS_PER_S, point=point)
+    assert [r.system for r in rows] == sorted(STAND_IN_MEASURED_CPU_TOKENS_PER_S)
+    for row in rows:
+        assert row.error == pytest.approx(row.predicted_tokens_per_s / row.measured_tokens_per_s - 1)
+    assert "| roundrobin |" in calibration_table(rows)
+    with pytest.raises(ValueError, match="must be positive"):
+        calibrate({"roundrobin": 0.0}, point=point)
