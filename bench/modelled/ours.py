@@ -176,13 +176,16 @@ def pool_step_sizes(point: Point) -> list[int]:
 
 @lru_cache(maxsize=256)
 def _pool_plan(point: Point):
-    """The fastest of ``pool_step_sizes``: (groups, makespan of the whole batch ms, peak, GB/s, M, transfer ms)."""
+    """The fastest of ``pool_step_sizes``: (groups, makespan of the whole batch, peak bytes, GB/s, M, LOAD +
+    STORE time, the fused last group's compute alone, all jobs' work and transfers spread evenly over the
+    GPUs), times in ms over the whole batch."""
     best = None
     for size in pool_step_sizes(point):
         plan = _pool_plan_at(point, size)
-        total = plan[1] * point.microbatches // size
+        steps = point.microbatches // size
+        total = plan[1] * steps
         if best is None or total < best[1] - 1e-9:
-            best = (plan[0], total, plan[2], plan[3], size, plan[4] * point.microbatches // size)
+            best = (plan[0], total, plan[2], plan[3], size, plan[4] * steps, plan[5] * steps, plan[6] * steps)
     return best
 
 
@@ -215,7 +218,12 @@ def _pool_plan_at(point: Point, microbatches: int):
         peaks.append(max(pairs) + max(kept))
     peak = max(peaks) + logits_bytes(point, tokens, LOSS_CHUNK_TOKENS) + 2 * hidden_bytes(point, tokens)
     loads = sum(costs.load) + sum(costs.store)
-    return groups, timeline.makespan, peak, bandwidth, loads
+    last = groups.last_stage
+    last_ms = (costs.forward[last] + costs.backward_input[last] + costs.backward_weight[last]) * microbatches
+    work = sum(costs.forward) + sum(costs.backward_input) + sum(costs.backward_weight)
+    work += sum(costs.recompute[j] for j in range(groups.num_stages) if groups.role(j) == "backward")
+    even_ms = (work * microbatches + loads) / point.gpus
+    return groups, timeline.makespan, peak, bandwidth, loads, last_ms, even_ms
 
 
 def _more_groups(prof, point: Point, microbatches: int, bandwidth: float, cap: float):
@@ -265,7 +273,7 @@ def _runs(sizes) -> str:
 def roundrobin(point: Point) -> Prediction:
     """Our round-robin device pool (RoundPipe's mechanism), as ``RoundRobinPipeline`` would plan it."""
     try:
-        groups, makespan_ms, peak, bandwidth, per_step, transfer_ms = _pool_plan(point)
+        groups, makespan_ms, peak, bandwidth, per_step, transfer_ms, last_ms, even_ms = _pool_plan(point)
     except ValueError as error:
         longest = longest_sequence(lambda s: _pool_peak_one_layer_groups(point.at(micro_batch=1), s),
                                    usable_bytes(point.hardware))
@@ -282,7 +290,8 @@ def roundrobin(point: Point) -> Prediction:
         f"one-step-stale optimizer (RoundPipe's default, not in our runtime): {point.tokens / stale:,.0f} tokens/s",
     ]
     return done("roundrobin", point, step, peak, longest, notes,
-                compute_s=makespan_ms / 1e3, optimizer_s=optimizer, transfer_s_all_jobs=transfer_ms / 1e3)
+                compute_s=makespan_ms / 1e3, optimizer_s=optimizer, transfer_s_all_jobs=transfer_ms / 1e3,
+                fused_last_group_s=last_ms / 1e3, work_spread_evenly_s=even_ms / 1e3)
 
 
 register("roundrobin", modelled=roundrobin, description="ours: round-robin device pool, host-resident state")
