@@ -6,7 +6,7 @@
 (a) unit costs: each schedule against its published closed form;
 (b) realistic costs (the zero-bubble paper's 1.5B profile, a comm-heavy and a cheap-W variant) at
     p=8 m=24: our generators against our own implementations of the reference heuristics
-    (bench/schedules/reference_zb.py, reference_v.py: ``REFERENCE[name](*, num_ranks,
+    (bench/schedules/published_zb.py, reference_zb.py, reference_v.py: ``REFERENCE[name](*, num_ranks,
     num_microbatches, costs, memory_limit) -> Schedule``) under the same memory limit;
 (c) heterogeneous stages (first stage 1.3x, last 2x for the LM head): generated with the true per-stage
     costs against generated with their median and run under the true costs;
@@ -35,7 +35,7 @@ from bubbleless_schedules import Costs, Schedule, available, generate, simulate,
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "results" / "schedules.md"
-REFERENCE_MODULES = ("bench.schedules.reference_zb", "bench.schedules.reference_v")
+REFERENCE_MODULES = ("bench.schedules.published_zb", "bench.schedules.reference_zb", "bench.schedules.reference_v")
 
 PAPER = Costs(18.5, 18.1, 9.3, 0.6)
 COST_SETTINGS = {
@@ -285,6 +285,147 @@ def generation_time() -> str:
     )
 
 
+# -- (f) the ZB family on the issue-11 grid ----------------------------------------------------------------
+ZB_NAMES = ("zb-h1", "zb-h2", "zb", "auto")
+
+
+def _zb_refs(name: str, p: int, limit: float):
+    """(label, fn) of the published ZB algorithms ``name`` is held to under ``limit`` (None: not compared)."""
+    from bench.schedules import published_zb as pub
+
+    heuristic = ("sail-sg heuristic", pub.zb_heuristic)
+    if name == "zb-h1":
+        return [heuristic, ("handcrafted H1", pub.handcrafted_zb_h1)] if limit == p else None
+    if name == "zb-h2":
+        return [heuristic, ("handcrafted H2", pub.handcrafted_zb_h2)] if limit == 2 * p else None
+    if name == "zb":
+        return [heuristic]
+    return [heuristic, ("handcrafted H1", pub.handcrafted_zb_h1), ("handcrafted H2", pub.handcrafted_zb_h2)]
+
+
+def _v_family():
+    """bench/schedules/v_family.py when the V-family engineer's module is there, else None."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    try:
+        return importlib.import_module("bench.schedules.v_family")
+    except ModuleNotFoundError as exc:
+        if exc.name and "bench.schedules.v_family".startswith(exc.name):
+            return None
+        raise
+
+
+def zb_best_reference(name: str, case, refs) -> tuple[float, str] | None:
+    """(makespan, label) of the fastest reference fitting ``case.memory_limit``, timed with the true costs.
+    Each reference schedules with the true costs and, for per-stage profiles, also with their median (as
+    upstream does), the faster kept. ``auto`` is also held to the V family's references (homogeneous
+    profiles only: a per-stage profile of p stages is another model than one of 2p V stages)."""
+    true, limit = case.costs, case.memory_limit
+    best = None
+    steering = (true, true.median()) if true.heterogeneous else (true,)
+    for label, fn in refs:
+        for costs in steering:
+            try:
+                schedule = validate(fn(num_ranks=case.p, num_microbatches=case.m, costs=costs, memory_limit=limit))
+            except ValueError:
+                continue
+            timeline = simulate(schedule, true)
+            if timeline.max_peak_memory <= limit + 1e-9 and (best is None or timeline.makespan < best[0] - 1e-9):
+                best = (timeline.makespan, label)
+    vf = _v_family() if name == "auto" and not true.heterogeneous else None
+    if vf is not None:
+        for v_name in vf.NAMES:
+            cap = vf.CAP[v_name](case.p)
+            if cap > limit + 1e-9:
+                if v_name == "dualpipev" or limit < 1:
+                    continue
+                cap = limit
+            found = vf.best_reference(v_name, case.p, case.m, case.costs_name, float(cap))
+            if found is not None and (best is None or found[0] < best[0] - 1e-9):
+                best = (found[0], f"{v_name}: {found[1]}")
+    return best
+
+
+def zb_family_cases(names=ZB_NAMES, quick: bool = False, full: bool = False, auto_ps=(2, 4, 8)):
+    """(name, case, ours, reference, which) over the grid: p <= 16 and p=32 at m <= 2p unless ``full``;
+    ``auto`` (which runs every registered generator) on p in ``auto_ps`` unless ``full``."""
+    from bench.schedules.grid import cases
+
+    found = []
+    for case in cases(quick=quick):
+        if not full and case.p == 32 and case.m > 2 * case.p:
+            continue
+        for name in names:
+            if name == "auto" and not full and case.p not in auto_ps:
+                continue
+            refs = _zb_refs(name, case.p, case.memory_limit)
+            if refs is None:
+                continue
+            ref = zb_best_reference(name, case, refs)
+            if ref is None:
+                continue
+            limit = None if name in ("zb-h1", "zb-h2") else case.memory_limit
+            try:
+                ours = simulate(generate(name, num_ranks=case.p, num_microbatches=case.m, costs=case.costs,
+                                         memory_limit=limit), case.costs).makespan
+            except ValueError:
+                ours = float("inf")
+            found.append((name, case, ours, ref[0], ref[1]))
+    return found
+
+
+def _group(p: int) -> str:
+    return "p<=4" if p <= 4 else f"p={p}"
+
+
+def ratio_rows(found) -> list[list]:
+    """[generator, costs, shapes, cases, worst, geomean, slower cases] per generator, profile and p group."""
+    import math
+
+    groups: dict[tuple, list] = {}
+    for name, case, ours, ref, which in found:
+        groups.setdefault((name, case.costs_name, _group(case.p)), []).append((case, ours / ref, which))
+    rows = []
+    from bench.schedules.grid import PROFILES
+
+    order = lambda key: (ZB_NAMES.index(key[0]), PROFILES.index(key[1]), int(key[2].split("=")[-1]))  # noqa: E731
+    for (name, profile, group), items in sorted(groups.items(), key=lambda kv: order(kv[0])):
+        ratios = [r for _, r, _ in items]
+        fails = [f"p={c.p} m={c.m} limit={c.memory_limit:g}: {r:.4f} vs {w}" for c, r, w in items if r > 1 + 1e-9]
+        geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios)) if max(ratios) < math.inf else math.inf
+        rows.append([name, profile, group, len(items), f"{max(ratios):.4f}", f"{geo:.4f}",
+                     ("**FAIL** " + "; ".join(fails[:3]) + (f" (+{len(fails) - 3})" if len(fails) > 3 else ""))
+                     if fails else "-"])
+    return rows
+
+
+def zb_family(quick: bool = False, full: bool = False) -> str:
+    wall = time.perf_counter()
+    found = zb_family_cases(quick=quick, full=full)
+    rows = ratio_rows(found)
+    failures = [r for r in rows if r[-1] != "-"]
+    scope = "grid.QUICK shapes" if quick else ("the whole grid" if full else
+                                               "p <= 16 and p=32 at m <= 2p; auto on p <= 8")
+    return (
+        "### (f) ZB family on the issue-11 grid: ours / best independent reference, same memory limit\n\n"
+        f"Grid `bench/schedules/grid.py` ({scope}), references `bench/schedules/published_zb.py` (sail-sg's "
+        "heuristic under p for zb-h1, 2p for zb-h2, the case's limit for zb and auto; the handcrafted H1/H2; "
+        "for auto also the V family's references). Worst and geomean of ours/reference; above 1.000 fails. "
+        f"{len(found)} cases in {time.perf_counter() - wall:.0f} s.\n\n"
+        + table(["generator", "costs", "shapes", "cases", "worst", "geomean", "slower cases"], rows)
+        + ("\n\n**Failures: " + ", ".join(f"{r[0]} {r[1]} {r[2]}" for r in failures) + "**" if failures
+           else "\n\nNo row above 1.000.")
+    )
+
+
+def v_family(quick: bool = False, full: bool = False) -> str:
+    vf = _v_family()
+    if vf is None:
+        return "### (g) V family on the issue-11 grid\n\nbench/schedules/v_family.py is not written yet."
+    rows = vf.comparison_rows(quick=quick, full=full)
+    return "### (g) V family on the issue-11 grid (bench/schedules/v_family.py)\n\n" + vf.markdown(rows)
+
+
 # -- the record ------------------------------------------------------------------------------------------
 PUBLISHED = [  # (schedule, memory limit, m, the zero-bubble paper's bubble rate), 1.5B model on 8 A100s
     ("1f1b", None, 24, 0.2431), ("zb-h1", None, 24, 0.1585), ("zb-h2", None, 24, 0.1083),
@@ -327,7 +468,7 @@ def provenance() -> str:
     )
 
 
-def report() -> str:
+def report(quick: bool = False, full: bool = False) -> str:
     references, notes = load_references()
     parts = [
         "# Schedules: closed forms, reference heuristics, heterogeneous stages, generation time",
@@ -338,6 +479,8 @@ def report() -> str:
         heterogeneous(),
         generation_time(),
         published_numbers(),
+        zb_family(quick=quick, full=full),
+        v_family(quick=quick, full=full),
     ]
     if notes:
         parts.append("Notes: " + "; ".join(notes))
@@ -347,8 +490,10 @@ def report() -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(RESULTS), help="markdown file to write ('-' to only print)")
+    parser.add_argument("--quick", action="store_true", help="grid sections (f), (g) on grid.QUICK shapes only")
+    parser.add_argument("--full", action="store_true", help="grid sections on every shape, p=32 m=256 too (slow)")
     args = parser.parse_args(argv)
-    text = report()
+    text = report(quick=args.quick, full=args.full)
     print(text)
     if args.out != "-":
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
