@@ -220,8 +220,9 @@ def _pool_plan_at(point: Point, microbatches: int):
     loads = sum(costs.load) + sum(costs.store)
     last = groups.last_stage
     last_ms = (costs.forward[last] + costs.backward_input[last] + costs.backward_weight[last]) * microbatches
-    work = sum(costs.forward) + sum(costs.backward_input) + sum(costs.backward_weight)
-    work += sum(costs.recompute[j] for j in range(groups.num_stages) if groups.role(j) == "backward")
+    work = sum(costs.backward_input) + sum(costs.backward_weight)  # zero for forward jobs
+    work += sum(costs.recompute[j] if groups.role(j) == "backward" else costs.forward[j]
+                for j in range(groups.num_stages))  # backward jobs run R, the others F
     even_ms = (work * microbatches + loads) / point.gpus
     return groups, timeline.makespan, peak, bandwidth, loads, last_ms, even_ms
 

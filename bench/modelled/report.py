@@ -240,13 +240,14 @@ def write_plots(grid: Grid, folder: Path) -> list[str]:
     import matplotlib.pyplot as plt
 
     names = OURS + BASELINES
+    colour = {name: f"C{k}" for k, name in enumerate(names)}  # one colour per system in every plot
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
     width = 0.8 / len(names)
     for k, system in enumerate(names):
         xs = [i + k * width for i in range(len(MODELS))]
         preds = [grid.get(system, m, "rtx4090", 8) for m in MODELS]
-        axes[0].bar(xs, [p.tokens_per_s for p in preds], width, label=system)
-        axes[1].bar(xs, [p.max_seq_len for p in preds], width, label=system)
+        axes[0].bar(xs, [p.tokens_per_s for p in preds], width, label=system, color=colour[system])
+        axes[1].bar(xs, [p.max_seq_len for p in preds], width, label=system, color=colour[system])
     for ax, title in zip(axes, ("tokens/s (modelled; 0 = does not fit)", "longest sequence (modelled)"), strict=True):
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(MODELS))], [shape(m).name for m in MODELS], fontsize=8)
         ax.set_yscale("log")
@@ -259,14 +260,15 @@ def write_plots(grid: Grid, folder: Path) -> list[str]:
     fig, axes = plt.subplots(1, len(MODELS), figsize=(14, 3.6))
     for ax, model in zip(axes, MODELS, strict=True):
         for system in ("roundrobin", *BASELINES):
-            ys = [grid.get(system, model, "rtx4090", g).tokens_per_s for g in GPU_COUNTS]
-            if any(ys):
-                ax.plot(GPU_COUNTS, ys, marker="o", label=system)
+            preds = [grid.get(system, model, "rtx4090", g) for g in GPU_COUNTS]
+            ys = [p.tokens_per_s if p.fits else float("nan") for p in preds]  # no point where it does not fit
+            ax.plot(GPU_COUNTS, ys, marker="o", label=system, color=colour[system],
+                    linestyle="--" if system == "fsdp-offload" else "-")
         ax.set_title(f"{shape(model).name} (modelled)", fontsize=9)
         ax.set_xlabel("RTX 4090s", fontsize=8)
         ax.set_xticks(GPU_COUNTS)
     axes[0].set_ylabel("tokens/s", fontsize=8)
-    axes[0].legend(fontsize=7)
+    axes[0].legend(fontsize=7, title="missing: does not fit", title_fontsize=6)
     fig.tight_layout()
     fig.savefig(folder / "modelled_scaling.png", dpi=110)
     plt.close(fig)
