@@ -17,14 +17,17 @@ the ranks' spans. See ``vshape_greedy`` for why the cap can never deadlock.
 
 from __future__ import annotations
 
-from itertools import accumulate
+from dataclasses import replace
+from itertools import accumulate, islice
 
-from ..action import Kind
+from ..action import Action, Kind
 from ..costs import Costs
 from ..placement import v_placement
 from ..registry import register
 from ..schedule import Schedule
-from .vshape_blocks import v_block
+from ..simulate import simulate
+from .local_search import adjacent_swaps, independent, schedule_evaluator, schedule_fits
+from .vshape_blocks import pcm_blocks, v_block
 from .vshape_greedy import GreedyResult, Policy, v_list_schedule
 
 _POLICIES = (
@@ -38,9 +41,10 @@ _POLICIES = (
     Policy(order=("I", "F1", "F0", "W"), patience=1.0),
 )
 _FIXED_ORDER = Policy(fill_w=False)
-_SEARCH_BUDGET = 60_000
+_SEARCH_BUDGET = 100_000
 """Actions the search may schedule in all (one try at p=32, m=256 schedules 49k in about 0.15 s), so
-large shapes try only the first candidates."""
+large shapes try only the first candidates; shapes of up to 6,000 actions get twice as much (0.6 s at
+most), which lets every PCM block as short as the twelfth fitting one be tried."""
 
 
 def zbv_script(rank: int, num_ranks: int, num_microbatches: int, deferred_w: int = 0) -> list[str]:
@@ -86,6 +90,50 @@ def zbv_script(rank: int, num_ranks: int, num_microbatches: int, deferred_w: int
     return out
 
 
+def zbv_formatted(rank: int, num_ranks: int, num_microbatches: int) -> list[Action]:
+    """The published handcrafted ZB-V order of one rank (PyTorch/Primus ``zbv-formatted``), with each W
+    naming its chunk: 2(p-r)-1 F0, r pairs F1 F0, p-r triples F1 I1 W1, steady F0 I0 W0 F1 I1 W1, a
+    cool-down of r pairs I0 I1 and p-r pairs I0 W0, then the W's left, built for max(2p-1, m)
+    micro-batches with the extra ones dropped. A candidate of ``zbv`` next to ``zbv_script``."""
+    p, r = num_ranks, rank
+    total = max(2 * p - 1, num_microbatches)
+    stage = (r, 2 * p - 1 - r)
+    done = dict.fromkeys(("F0", "F1", "I0", "I1", "W0", "W1"), 0)
+    need = {"I": "F", "W": "I"}
+    out: list[Action] = []
+
+    def emit(*tokens: str) -> None:
+        for token in tokens:
+            kind, chunk = token
+            k = done[token]
+            if k >= total or (kind in need and done[need[kind] + chunk] <= k) or (token == "F1" and done["F0"] <= k):
+                continue
+            done[token] += 1
+            out.append(Action(stage[int(chunk)], Kind(kind), k))
+
+    emit(*["F0"] * (2 * (p - r) - 1))
+    for _ in range(r):
+        emit("F1", "F0")
+    for _ in range(p - r):
+        emit("F1", "I1", "W1")
+    while done["F0"] < total or done["F1"] < total:
+        emit("F0", "I0", "W0", "F1", "I1", "W1")
+    for _ in range(r):
+        emit("I0", "I1")
+    for _ in range(p - r):
+        emit("I0", "W0")
+    while min(done.values()) < total:
+        emit("I1", "I0", "W1", "W0")
+    return [a for a in out if a.microbatch < num_microbatches]
+
+
+def _fixed_result(p: int, m: int, rows, costs: Costs, input_grad_frees: float) -> GreedyResult:
+    schedule = Schedule(rows, num_stages=2 * p, num_microbatches=m, stage_to_rank=v_placement(p))
+    timeline = simulate(schedule, costs, input_grad_frees=input_grad_frees)
+    spans = sum(timeline.span_of(r) for r in range(p))
+    return GreedyResult(schedule.actions, timeline.makespan, spans, 2 * timeline.max_peak_memory)
+
+
 def _better(a: GreedyResult | None, b: GreedyResult | None) -> bool:
     if a is None:
         return False
@@ -94,9 +142,12 @@ def _better(a: GreedyResult | None, b: GreedyResult | None) -> bool:
 
 def _candidates(p: int, m: int, cap_chunks: float):
     """(scripts, policy) pairs, most promising first for this cap."""
+    pcm = _pcm_candidates(p, m, cap_chunks)
     if cap_chunks >= 2 * p - 1e-9:
         for deferred in (1, 0, 2):
             yield [zbv_script(r, p, m, deferred) for r in range(p)], _POLICIES[0]
+    else:
+        yield from islice(pcm, 2)  # the shortest fitting block, reordered: what wins most tight caps
     tight = cap_chunks < p + 2  # tight caps: the repeated block beats the list scheduler
     if tight:
         yield from _block_candidate(p, m, cap_chunks)
@@ -104,6 +155,38 @@ def _candidates(p: int, m: int, cap_chunks: float):
         yield None, policy
     if not tight:
         yield from _block_candidate(p, m, cap_chunks)
+    yield from pcm
+
+
+_PCM_POLICIES = (
+    Policy(fill_w=False, lookahead=3),
+    Policy(fill_w=False, lookahead=8),
+    _FIXED_ORDER,
+    Policy(lookahead=3),
+)
+"""How a PCM block's order is run: reordered within 3 or 8 actions (the paper's reorder step under
+real costs), as is (its squeeze), and reordered with deferred W's filling waits."""
+_PCM_BLOCKS_TRIED = 12
+
+
+def _pcm_candidates(p: int, m: int, cap_chunks: float):
+    """The controllable-memory paper's building-block search (``vshape_blocks.pcm_blocks``): the
+    shortest blocks whose repeated order fits ``cap_chunks``, each run under ``_PCM_POLICIES``."""
+    tried, last_length = 0, None
+    for block in pcm_blocks(p):
+        length = max(block.values()) + 1
+        if tried >= _PCM_BLOCKS_TRIED and length != last_length:
+            return  # all blocks as short as the last one tried are tried: their order is arbitrary
+        short = min(m, length // 6 + 2)
+        if max(_peak_chunks(tokens) for tokens in _tokens_of_block(p, short, block)) > cap_chunks + 1e-9:
+            continue
+        tokens = _tokens_of_block(p, m, block)
+        own = max(2, max(_peak_chunks(row) for row in tokens))
+        for policy in _PCM_POLICIES:
+            yield tokens, policy
+            if policy.lookahead > 1 and own < cap_chunks - 1e-9:
+                yield tokens, replace(policy, lookahead_cap=own)
+        tried, last_length = tried + 1, length
 
 
 def _block_candidate(p: int, m: int, cap_chunks: float):
@@ -128,8 +211,12 @@ def block_tokens(p: int, m: int, delay: int) -> list[list[str]]:
     """``[as_tokens(order, p) for order in block_orders(p, m, delay)]`` without building an ``Action``
     per pass: each rank's six passes sit at distinct slots modulo 6, so their repeats never tie and
     sorting the slot numbers alone gives the order (tests/test_sched_speed.py checks the equality)."""
+    return _tokens_of_block(p, m, v_block(p, delay))
+
+
+def _tokens_of_block(p: int, m: int, block: dict) -> list[list[str]]:
     by_slot: list[dict[int, str]] = [{} for _ in range(p)]
-    for (kind, stage), slot in v_block(p, delay).items():
+    for (kind, stage), slot in block.items():
         token = "W" if kind is Kind.W else f"{kind.value}{0 if stage < p else 1}"
         row = by_slot[stage if stage < p else 2 * p - 1 - stage]
         for k in range(m):
@@ -157,9 +244,36 @@ def search_v_schedule(
         spent += per_try
         if result is not None and result.peak_chunks <= cap_chunks + 1e-9 and _better(result, best):
             best = result
-        if best is not None and spent + per_try > _SEARCH_BUDGET:
+        if best is not None and spent + per_try > (_SEARCH_BUDGET if per_try > 6_000 else 2 * _SEARCH_BUDGET):
             break  # before the next candidate is built: scripts for large shapes take time to write
     assert best is not None, "the unscripted list scheduler always finishes"
+    if cap_chunks >= 2 * p - 1e-9 and 6 * p * m <= _FIXED_ORDERS_UP_TO:
+        formatted = _fixed_result(p, m, [zbv_formatted(r, p, m) for r in range(p)], costs, input_grad_frees)
+        if formatted.peak_chunks <= cap_chunks + 1e-9 and _better(formatted, best):
+            best = formatted
+    if 6 * p * m <= _LOCAL_SEARCH_UP_TO:
+        best = _polish(p, m, costs, cap_chunks, input_grad_frees, best)
+    return best
+
+
+_FIXED_ORDERS_UP_TO = 20_000
+"""Actions up to which fixed published orders are also timed by the simulator (0.05 s at this size)."""
+_LOCAL_SEARCH_UP_TO = 2_000
+_LOCAL_SEARCH_BUDGET = 1.5e5
+"""Actions up to which the winner is polished by adjacent swaps (``local_search``), and the swaps' budget
+in evaluated actions (about 0.1-0.2 s)."""
+
+
+def _polish(p: int, m: int, costs: Costs, cap_chunks: float, input_grad_frees: float, best: GreedyResult):
+    """Swap adjacent independent actions while the simulated makespan improves within the cap."""
+    schedule = Schedule(best.actions, num_stages=2 * p, num_microbatches=m, stage_to_rank=v_placement(p))
+    rows, makespan = adjacent_swaps(
+        schedule.actions, schedule_evaluator(schedule, costs), can_swap=independent,
+        fits=schedule_fits(schedule, cap_chunks / 2, input_grad_frees), best=best.makespan,
+        budget=_LOCAL_SEARCH_BUDGET,
+    )
+    if makespan < best.makespan - 1e-9:
+        return GreedyResult(tuple(tuple(r) for r in rows), makespan, best.span_sum, best.peak_chunks)
     return best
 
 

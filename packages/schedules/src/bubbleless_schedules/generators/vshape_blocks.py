@@ -11,6 +11,9 @@ their slot time gives its order; executing that order as early as dependencies a
 
 from __future__ import annotations
 
+from functools import lru_cache
+from itertools import permutations
+
 from ..action import Action, Kind
 
 
@@ -62,3 +65,74 @@ def as_tokens(order: list[Action], num_ranks: int) -> list[str]:
         "W" if a.kind is Kind.W else f"{a.kind.value}{0 if a.stage < num_ranks else 1}"
         for a in order
     ]
+
+
+# -- the PCM search space: starting patterns x offsets ------------------------------------------------------
+def _next_with_residue(earliest: int, residue: int) -> int:
+    return earliest + (residue - earliest) % 6
+
+
+def pcm_block(num_ranks: int, residues: tuple[int, int, int], steps: tuple[int, int], split: int):
+    """One block of the controllable-memory paper's search, or None when it collides.
+
+    ``residues``: rank 0's slots modulo 6 of its second-chunk forward, second-chunk input-gradient and
+    first-chunk input-gradient (its first-chunk forward sits at 0). Going down the ranks, forwards and
+    input-gradients of the descending half move ``steps[0]`` slots per rank for the first ``split`` rank
+    steps and ``steps[1]`` after, those of the ascending half one slot; every pass takes the first slot
+    of its residue after its inputs and each W the first residue still free after its input-gradient.
+    Returns ``{(kind, stage): slot}`` like ``v_block``."""
+    p = num_ranks
+    step = [0] + [steps[0] if r <= split else steps[1] for r in range(1, p)]
+    down = [0] * p  # first-chunk forward of rank r
+    for r in range(1, p):
+        down[r] = down[r - 1] + step[r]
+    up_last = _next_with_residue(down[-1] + p, residues[0]) - (p - 1)  # rank p-1's second-chunk forward
+    grad_down = [_next_with_residue(up_last + p, residues[1])]  # second-chunk input-gradient, rank 0 first
+    for r in range(1, p):
+        grad_down.append(grad_down[-1] + step[r])
+    grad_up_last = _next_with_residue(grad_down[-1] + p, residues[2]) - (p - 1)
+    times: dict[tuple[Kind, int], int] = {}
+    for r in range(p):
+        f0, f1, i1, i0 = down[r], up_last + p - 1 - r, grad_down[r], grad_up_last + p - 1 - r
+        taken = {f0 % 6, f1 % 6, i1 % 6, i0 % 6}
+        if len(taken) < 4:
+            return None
+        s0, s1 = r, 2 * p - 1 - r
+        times[(Kind.F, s0)], times[(Kind.F, s1)], times[(Kind.I, s1)], times[(Kind.I, s0)] = f0, f1, i1, i0
+        for stage, after in ((s1, i1), (s0, i0)):
+            t = after + 1
+            while t % 6 in taken:
+                t += 1
+            taken.add(t % 6)
+            times[(Kind.W, stage)] = t
+    return times
+
+
+def pcm_blocks(num_ranks: int, max_split_values: int = 8) -> list[dict[tuple[Kind, int], int]]:
+    """Distinct collision-free blocks of the search space, shortest first (length = last slot + 1).
+
+    The 60 residue patterns x steps in 1..5 x split points; above ``max_split_values`` split points
+    (p > 9) only that many evenly spread ones are tried, which bounds the enumeration at large p."""
+    return [dict(zip(_keys(num_ranks), block, strict=True)) for block in _pcm_blocks(num_ranks, max_split_values)]
+
+
+def _keys(p: int) -> list[tuple[Kind, int]]:
+    return [(kind, s) for s in range(2 * p) for kind in (Kind.F, Kind.I, Kind.W)]
+
+
+@lru_cache(maxsize=16)
+def _pcm_blocks(p: int, max_split_values: int) -> tuple[tuple[int, ...], ...]:
+    splits = list(range(1, max(2, p)))
+    if len(splits) > max_split_values:
+        splits = sorted({splits[round(i * (len(splits) - 1) / (max_split_values - 1))] for i in range(max_split_values)})
+    keys = _keys(p)
+    found: dict[tuple[int, ...], int] = {}
+    for residues in permutations(range(1, 6), 3):
+        for a in range(1, 6):
+            for b in range(1, 6):
+                for split in splits if a != b else splits[:1]:
+                    times = pcm_block(p, residues, (a, b), split)
+                    if times is not None:
+                        flat = tuple(times[k] for k in keys)
+                        found.setdefault(flat, max(flat) + 1)
+    return tuple(sorted(found, key=lambda flat: (found[flat], flat)))

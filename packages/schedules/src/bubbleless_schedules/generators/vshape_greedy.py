@@ -46,6 +46,13 @@ class Policy:
     patience: float = 0.0
     """A rank with only a W (or an admission) ready waits for an I or F1 that arrives within this
     fraction of the W's cost, instead of starting the W and delaying the critical path."""
+    lookahead: int = 1
+    """While its script's next action is not ready, a rank may run one of the next ``lookahead - 1``
+    script actions that is (never past an earlier one of the same token, and a forward only within the
+    memory cap): the controllable-memory paper's reordering of a repeated block under real costs."""
+    lookahead_cap: float | None = None
+    """Chunk activations a forward run under ``lookahead`` may not exceed (None: the memory cap); the
+    script's own peak keeps the reordered block's lifespans."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +128,8 @@ def v_list_schedule(
     plain_order, w_first_order = policy.order, _w_first(policy.order)
     w_first_at = policy.w_first_when_held - 1e-9
     patience, reserve_all, fill_w = policy.patience, policy.reserve_all, policy.fill_w
+    lookahead = max(1, policy.lookahead)
+    room_ahead = room if policy.lookahead_cap is None else min(room, policy.lookahead_cap + 1e-9)
     kind_f, kind_i, kind_w = Kind.F, Kind.I, Kind.W
 
     # The loop below inlines, for speed, when each rank's next actions become ready: the forward of
@@ -175,15 +184,28 @@ def v_list_schedule(
                 script.popleft()  # its W was already run to fill a gap
                 push(events, (now, r))
                 continue
-            choice = script[0] if script[0] in ready else None
-            if choice is None and "W" in ready and fill_w:
+            head = script[0]
+            choice = None
+            if head in ready and (lookahead == 1 or head[0] != "F" or held[r] + 1 <= room_ahead):
+                choice = script.popleft()
+            elif lookahead > 1:
+                seen = {head}
+                for j in range(1, min(lookahead, len(script))):
+                    token = script[j]
+                    if token in seen:
+                        continue
+                    seen.add(token)
+                    if token in ready and (token[0] != "F" or held[r] + 1 <= room_ahead):
+                        choice = token
+                        del script[j]
+                        break
+            blocked = head in ready and choice is None  # a forward held back by the memory cap
+            if choice is None and "W" in ready and (fill_w or blocked):
                 choice = "W"  # fill the wait for the script's next action with a deferred W
             elif choice is None:
-                if script[0] in cand:
-                    push(events, (cand[script[0]], r))
-                continue
-            else:
-                script.popleft()
+                if head in cand and cand[head] > now + eps:
+                    push(events, (cand[head], r))
+                continue  # otherwise a finishing neighbour wakes this rank
             if choice in ("I0", "I1"):
                 cand["I"], i_stage, choice = cand[choice], s0 if choice == "I0" else s1, "I"
         else:
