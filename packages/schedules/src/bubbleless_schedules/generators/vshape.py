@@ -27,7 +27,7 @@ from ..registry import register
 from ..schedule import Schedule
 from ..simulate import simulate
 from .local_search import adjacent_swaps, independent, schedule_evaluator, schedule_fits
-from .vshape_blocks import pcm_blocks, v_block
+from .vshape_blocks import pcm_blocks, stable_block, v_block
 from .vshape_greedy import GreedyResult, Policy, v_list_schedule
 
 _POLICIES = (
@@ -147,6 +147,7 @@ def _candidates(p: int, m: int, cap_chunks: float):
         for deferred in (1, 0, 2):
             yield [zbv_script(r, p, m, deferred) for r in range(p)], _POLICIES[0]
     else:
+        yield from _stable_candidates(p, m, cap_chunks)
         yield from islice(pcm, 2)  # the shortest fitting block, reordered: what wins most tight caps
     tight = cap_chunks < p + 2  # tight caps: the repeated block beats the list scheduler
     if tight:
@@ -167,6 +168,18 @@ _PCM_POLICIES = (
 """How a PCM block's order is run: reordered within 3 or 8 actions (the paper's reorder step under
 real costs), as is (its squeeze), and reordered with deferred W's filling waits."""
 _PCM_BLOCKS_TRIED = 12
+
+
+def _stable_candidates(p: int, m: int, cap_chunks: float):
+    """The greedy's stable V-Half and V-Min patterns (``vshape_blocks.stable_block``) where they fit,
+    the one with more memory first (less bubble), each with deferred W's filling waits and as is."""
+    for kind in ("v-half", "v-min"):
+        block = stable_block(p, kind)
+        tokens = _tokens_of_block(p, m, block)
+        if max(_peak_chunks(row) for row in tokens) > cap_chunks + 1e-9:
+            continue
+        yield tokens, _POLICIES[0]
+        yield tokens, _FIXED_ORDER
 
 
 def _pcm_candidates(p: int, m: int, cap_chunks: float):

@@ -136,3 +136,29 @@ def _pcm_blocks(p: int, max_split_values: int) -> tuple[tuple[int, ...], ...]:
                         flat = tuple(times[k] for k in keys)
                         found.setdefault(flat, max(flat) + 1)
     return tuple(sorted(found, key=lambda flat: (found[flat], flat)))
+
+
+def stable_block(num_ranks: int, kind: str) -> dict[tuple[Kind, int], int]:
+    """The stable V-Min / V-Half pattern of the paper's greedy as a block: on rank i, V-Min runs F0 at i,
+    F1 at 2p-i-1, I1 at 2p+d+i, I0 at 4p+d-i-1 (d = 2 if p%3==0 else 0); V-Half F0 at 2i, F1 at
+    3p-i-2, I1 at 3p+d+2i-1, I0 at 6p+d-i-2 (d = 3 if p is even else 0); each W the first residue
+    still free after its input-gradient."""
+    p = num_ranks
+    times: dict[tuple[Kind, int], int] = {}
+    for r in range(p):
+        if kind == "v-min":
+            d = 2 if p % 3 == 0 else 0
+            f0, f1, i1, i0 = r, 2 * p - r - 1, 2 * p + d + r, 4 * p + d - r - 1
+        else:
+            d = 3 if p % 2 == 0 else 0
+            f0, f1, i1, i0 = 2 * r, 3 * p - r - 2, 3 * p + d + 2 * r - 1, 6 * p + d - r - 2
+        s0, s1 = r, 2 * p - 1 - r
+        times[(Kind.F, s0)], times[(Kind.F, s1)], times[(Kind.I, s1)], times[(Kind.I, s0)] = f0, f1, i1, i0
+        taken = {f0 % 6, f1 % 6, i1 % 6, i0 % 6}
+        for stage, after in ((s1, i1), (s0, i0)):
+            t = after + 1
+            while t % 6 in taken:
+                t += 1
+            taken.add(t % 6)
+            times[(Kind.W, stage)] = t
+    return times
