@@ -61,7 +61,8 @@ def test_plan_regenerates_a_named_schedule_for_the_profiled_costs():
     costs = stage_costs(prof, plan.partition.sizes)
     assert plan.schedule.actions != unit.actions
     assert plan.makespan == pytest.approx(simulate(plan.schedule, costs).makespan)
-    assert plan.makespan < 0.85 * simulate(unit, costs).makespan
+    # 79 vs 84 since V-Half's generator searches the PCM blocks with a cost-aware reorder (was 25% before)
+    assert plan.makespan < 0.97 * simulate(unit, costs).makespan
     assert best_plan(prof, unit).schedule is unit  # without a generator the given schedule runs
 
 
