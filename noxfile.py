@@ -106,6 +106,17 @@ def bench_runtime(session: nox.Session) -> None:
 
 
 @nox.session
+def bench_roundrobin(session: nox.Session) -> None:
+    """Issue-8 figures: one CPU device of the round-robin pool against plain training, two devices against one,
+    the simulator's step time against the measured one.
+
+    Run it with two cores to spare: timed steps where another process took a core are left out (up to a
+    limit), and the record says how many steps were quiet."""
+    _install(session)
+    session.run("python", "-m", "bench.roundrobin.figures", env=TEST_ENV)
+
+
+@nox.session
 def bench_modelled(session: nox.Session) -> None:
     """Issue-10 modelled mode: tokens/s and longest sequence per system on RTX 4090 / A800 / MI300X / H200
     profiles (bench/results/modelled.md, PNGs); every figure modelled. The round-robin model plans with
