@@ -16,10 +16,15 @@ contenders and runs them alternately, step by step, the order rotating:
 - one device: ``RoundRobinPipeline(..., devices=["cpu"], partition="auto")``;
 - two devices: ``devices=["cpu"] * 2`` with each cut of ``--cut2``: ``auto`` (``partition="auto"``) or a
   pinned ``F/L/B`` (forward groups / fused last group / backward groups, in layers, e.g. ``2,2/4/4``),
-  priced for the simulator from the one-device pipeline's profile. Default: ``auto`` and the halves cut
+  priced for the simulator from the one-device pipeline's profile. Default: ``auto``, the halves cut
   (``halves_cut``: the fused last group half the layers, the other half one backward group, two forward
-  groups of a quarter), the most even split of work two devices can get with the least recompute
-  that allows (see the record).
+  groups of a quarter: on two devices each gets a forward group and one of the two heavy jobs, and
+  only half the layers are recomputed) and the one-forward-group cut ``auto`` often keeps
+  (``one_forward_cut``, 8/8/8 for 16 layers), which loads one device with a recompute the other lacks.
+
+Memory: glibc's allocator is told to keep freed memory for every thread (``keep_freed_memory``;
+``--glibc-defaults`` runs without), as a GPU's caching allocator does; otherwise the pool's fresh worker
+threads fault their gradient buffers in anew in some steps, which plain training on the main thread does not.
 
 Every pipeline is built anew in each round, so each round profiles and cuts again. After ``--warmup``
 untimed steps, timed steps run until every contender has ``--steps`` quiet ones (our threads had their
@@ -89,6 +94,13 @@ def halves_cut(num_layers: int) -> str:
     other half: on two devices (jobs alternate) each gets a forward group and one of the two heavy jobs."""
     quarter = num_layers // 4
     return f"{quarter},{quarter}/{num_layers - 2 * quarter}/{2 * quarter}"
+
+
+def one_forward_cut(num_layers: int) -> str:
+    """One forward group of the lower half, the fused last group the upper half, one backward group the
+    lower half: what ``cut(method="roundrobin")`` gives for two backward groups of even layers."""
+    half = num_layers // 2
+    return f"{half}/{num_layers - half}/{half}"
 
 
 def cut_text(groups: PoolGroups) -> str:
@@ -229,7 +241,13 @@ class Series:
 
     @property
     def cut(self) -> str:
-        return cut_text(self.pipe.groups)
+        """How the cut was chosen, and the cut (``auto: 8/8/8``)."""
+        how = "auto" if self.name.endswith("auto") else "pinned"
+        return f"{how}: {cut_text(self.pipe.groups)}"
+
+    @property
+    def devices_and_cut(self) -> str:
+        return f"{len(self.pipe.devices)} device{'s' if len(self.pipe.devices) > 1 else ''}, {self.cut}"
 
     def noise(self) -> tuple[str, ...]:
         """Steps used, spread (IQR over median), CPU share (steps used), others' cores (all timed steps)."""
@@ -299,7 +317,7 @@ def one_round(args, blocks: list[nn.Module], x, y) -> dict:
         start = time.perf_counter()
         pipe = RoundRobinPipeline(copy.deepcopy(blocks), devices=["cpu"] * devices, num_microbatches=m,
                                   loss_fn=loss_fn, partition=partition, sample_input=x.chunk(m)[0], costs=costs)
-        name = f"{devices} device{'s' if devices > 1 else ''}, {'auto' if cut == 'auto' else 'pinned'}"
+        name = f"{devices} device{'s' if devices > 1 else ''}, {'auto' if cut == 'auto' else 'pinned ' + cut}"
         plan_seconds[name] = time.perf_counter() - start
         contenders.append(Series(name, pipe.step, list(pipe.parameters()), pipe))
     for i in range(args.warmup + args.max_steps):
@@ -399,6 +417,7 @@ def overhead_section(rounds, header: str) -> str:
 
 def scaling_section(args, rounds) -> str:
     tokens = args.microbatches * args.rows
+    halves, single = halves_cut(args.blocks), one_forward_cut(args.blocks)
     lines = [
         "## Two CPU devices against one",
         "",
@@ -411,7 +430,14 @@ def scaling_section(args, rounds) -> str:
         "(`last_timeline.bubble_rate`, an uneven split between the devices included; balance: the busier "
         "device over the mean); so two / one is about 2 (1 - bubble) / work, less the serial time outside "
         "the makespan (starting the threads, zeroing the host gradients, copying them into `.grad`). "
-        "LOAD/STORE: those spans' share of the devices' time.",
+        "LOAD/STORE: those spans' share of the devices' time. Jobs alternate between the two devices "
+        f"(job k on device k mod 2), so the cut decides the balance: under {single} (one forward group, the "
+        "fused upper half, one backward group) one device runs the forward, recompute and backward of the "
+        "lower half and the other only the fused half; under the halves cut "
+        f"{halves} each device runs a forward group and one of the two heavy jobs. `partition='auto'` "
+        "keeps the forward grouping `cut(method='roundrobin')` gives each backward cut (the fewest forward "
+        f"groups no slower than the slowest backward job), so its candidates include {single} and never "
+        f"{halves}; which it keeps depends on the profile of that round.",
         "",
         "| round | cut two (F/L/B) | one device (tokens/s) | two devices (tokens/s) | two / one | within goal | "
         "machine | work | bubble | 2 (1 - bubble) / work | balance | outside makespan one / two (ms) | "
@@ -427,14 +453,14 @@ def scaling_section(args, rounds) -> str:
             outside = " / ".join(f"{statistics.median(s.seconds - s.makespan for s in c.used) * 1e3:.0f}"
                                  for c in (one, two))
             lines.append(
-                f"| {index} | {two.name.split(', ')[1]}: {two.cut} | {tokens / one.median():.0f} | "
+                f"| {index} | {two.cut} | {tokens / one.median():.0f} | "
                 f"{tokens / two.median():.0f} | {ratio:.3f} | {ok(ratio >= SCALING_GOAL)} | "
                 f"{plain.median() / threads.median():.3f} | {work:.3f} | {bubble:.3f} | "
                 f"{2 * (1 - bubble) / work:.3f} | {max(busy) / statistics.mean(busy):.3f} | {outside} | "
                 f"{two.median('transfer_share'):.3f} | {' / '.join(f'{b * 1e3:.0f}' for b in busy)} | "
                 f"{r['errors'][two.name][0]:.1e} | {noise_cells(one, two, threads)} |"
             )
-    lines += ["", "Noise columns: one device / two devices / plain on two threads. " + NOISE_NOTE.split(", ", 1)[1]]
+    lines += ["", NOISE_NOTE.replace("contender by contender", "one device / two devices / plain on two threads")]
     return "\n".join(lines)
 
 
@@ -459,15 +485,20 @@ def simulator_section(rounds) -> str:
             calibrated = series.median("calibrated")
             a, b = profiled / measured, calibrated / measured
             lines.append(
-                f"| {index} | {series.name}: {series.cut} | {measured * 1e3:.1f} | "
+                f"| {index} | {series.devices_and_cut} | {measured * 1e3:.1f} | "
                 f"{series.median('makespan') * 1e3:.1f} | {profiled * 1e3:.1f} | {a:.3f} | {calibrated * 1e3:.1f} | "
                 f"{b:.3f} | {ok(abs(a - 1) <= SIMULATOR_GOAL)}, {ok(abs(b - 1) <= SIMULATOR_GOAL)} |"
             )
     lines += [
         "",
         "Where (a) goes wrong: each kind's spans summed over the devices (ms per step), in the profiled "
-        "prediction and as measured (median over the steps used); B is the fused backward the profile "
-        "prices as I + W, measured in two separate passes.",
+        "prediction and as measured (median over the steps used). The profile (`bubbleless_partition."
+        "profile` via `partition='auto'`) times each layer alone, five times on one micro-batch, so its "
+        "weights and activations are in cache, where a step streams every layer through once; it prices "
+        "B as I + W timed as two separate autograd passes; and LOAD/STORE move the weights at "
+        "`pool_plan.copy_bandwidth`, a copy into a buffer it reuses, where a LOAD copies into fresh "
+        "tensors. (b) uses each job's measured spans, so what is left is the simulator's model of the "
+        "executor.",
         "",
         "| round | devices, cut (F/L/B) | " + " | ".join(f"{k.value} profiled / measured" for k in KINDS) + " |",
         "|---|---|" + "---|" * len(KINDS),
@@ -476,7 +507,7 @@ def simulator_section(rounds) -> str:
         for series in (r["one"], *r["two"]):
             profiled = kind_seconds(series.pipe.predicted_timeline())  # ms
             cells = " | ".join(f"{profiled.get(k, 0.0):.0f} / {series.median_kind(k) * 1e3:.0f}" for k in KINDS)
-            lines.append(f"| {index} | {series.name}: {series.cut} | {cells} |")
+            lines.append(f"| {index} | {series.devices_and_cut} | {cells} |")
     return "\n".join(lines)
 
 
@@ -497,7 +528,7 @@ def main() -> None:
     args = parser.parse_args()
     allocator = "glibc's allocator with its defaults" if args.glibc_defaults else keep_freed_memory()
     if args.cut2 is None:
-        args.cut2 = ["auto", halves_cut(args.blocks)]
+        args.cut2 = ["auto", halves_cut(args.blocks), one_forward_cut(args.blocks)]
     torch.set_num_threads(1)
     torch.manual_seed(0)
     blocks = [Block(args.width) for _ in range(args.blocks)]
