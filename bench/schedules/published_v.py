@@ -130,6 +130,20 @@ def timed(schedule: Schedule, costs: Costs) -> float:
     return simulate(schedule, costs).makespan
 
 
+def fastest_fitting(candidates, costs: Costs, limit_m_b: float, nothing: str) -> Schedule:
+    """The fastest of ``candidates`` within ``limit_m_b`` M_B per rank; ValueError ``nothing`` if none fits."""
+    best = None
+    for schedule in candidates:
+        if not fits(schedule, limit_m_b):
+            continue
+        span = timed(schedule, costs)
+        if best is None or span < best[0] - EPS:
+            best = (span, schedule)
+    if best is None:
+        raise ValueError(nothing)
+    return best[1]
+
+
 def fits(schedule: Schedule, limit_m_b: float | None) -> bool:
     return limit_m_b is None or max(peak_memory(schedule)) <= limit_m_b + EPS
 
@@ -230,28 +244,24 @@ def block_search(p: int, m: int, costs: Costs, limit_m_b: float | None, name: st
     """The fastest repeated block under ``costs`` whose schedule fits min(p, limit) M_B."""
     cap = 2 * p if limit_m_b is None else min(2 * p, int(2 * limit_m_b + EPS))
     m_rep = max(m, 2 * p)
-    best = None
     fitting = [b for b in all_blocks(p) if b[0] <= cap]
     if not fitting:
         raise ValueError(f"no building block fits {cap} chunk activations at p={p}")
-    for _, _, key in fitting[:tries]:
-        plain = drop_extra(repeated_orders(p, m_rep, key), m)
-        plain_s = as_schedule(p, m, plain, name)
-        peak_chunks = 2 * max(peak_memory(plain_s))
-        candidates = [plain_s] if peak_chunks <= cap + EPS else []
-        for window in (3, 8):
-            rows = execute(p, plain, costs, min(cap, max(peak_chunks, 2)), window)
-            if rows is not None:
-                candidates.append(as_schedule(p, m, rows, name))
-        for schedule in candidates:
-            if not fits(schedule, cap / 2):
-                continue
-            span = timed(schedule, costs)
-            if best is None or span < best[0] - EPS:
-                best = (span, schedule)
-    if best is None:
-        raise ValueError(f"no building block schedule fits {cap} chunk activations at p={p}, m={m}")
-    return best[1]
+
+    def candidates():
+        for _, _, key in fitting[:tries]:
+            plain = drop_extra(repeated_orders(p, m_rep, key), m)
+            plain_s = as_schedule(p, m, plain, name)
+            peak_chunks = 2 * max(peak_memory(plain_s))
+            if peak_chunks <= cap + EPS:
+                yield plain_s
+            for window in (3, 8):
+                rows = execute(p, plain, costs, min(cap, max(peak_chunks, 2)), window)
+                if rows is not None:
+                    yield as_schedule(p, m, rows, name)
+
+    return fastest_fitting(candidates(), costs, cap / 2,
+                           f"no building block schedule fits {cap} chunk activations at p={p}, m={m}")
 
 
 # -- the greedy over stable patterns (zbv_greedy) -----------------------------------------------------------

@@ -29,9 +29,9 @@ from collections import deque
 from bubbleless_schedules import Action, Costs, Kind, Schedule
 
 try:
-    from .published_v import EPS, as_schedule, fits, stage_of, timed
+    from .published_v import EPS, as_schedule, fastest_fitting, fits, stage_of
 except ImportError:  # run as a script: python bench/schedules/published_v_zbv.py
-    from published_v import EPS, as_schedule, fits, stage_of, timed  # type: ignore[no-redef]
+    from published_v import EPS, as_schedule, fastest_fitting, fits, stage_of  # type: ignore[no-redef]
 
 
 def _script_rank(r: int, p: int, m: int) -> list[Action]:
@@ -191,21 +191,9 @@ def greedy_zbv(p: int, m: int, costs: Costs, limit_m_b: float | None) -> Schedul
     cap = 2 * p if limit_m_b is None else min(2 * p, int(2 * limit_m_b + EPS))
     if cap < 2:
         raise ValueError("greedy zbv needs 1 M_B")
-    best = None
-    for fill_b in (True, False):
-        for fill_f in (True, False):
-            rows = _greedy_zbv_once(p, m, costs, cap, fill_b, fill_f)
-            if rows is None:
-                continue
-            schedule = as_schedule(p, m, rows, "zbv-greedy")
-            if not fits(schedule, cap / 2):
-                continue
-            span = timed(schedule, costs)
-            if best is None or span < best[0] - EPS:
-                best = (span, schedule)
-    if best is None:
-        raise ValueError(f"greedy zbv found nothing within {cap} chunks")
-    return best[1]
+    runs = (_greedy_zbv_once(p, m, costs, cap, fill_b, fill_f) for fill_b in (True, False) for fill_f in (True, False))
+    candidates = (as_schedule(p, m, rows, "zbv-greedy") for rows in runs if rows is not None)
+    return fastest_fitting(candidates, costs, cap / 2, f"greedy zbv found nothing within {cap} chunks")
 
 
 def _dualpipev_rank(r: int, p: int, m: int) -> list[Action]:
