@@ -58,9 +58,25 @@ def test_part_bad_arguments(kwargs, message):
 
 
 def test_part_bad_records():
-    with pytest.raises(ValueError, match="forward must be a non-negative"):
+    with pytest.raises(ValueError, match="forward must be a finite non-negative"):
         LayerCost(name="x", forward=-1, input_grad=0, weight_grad=0)
     with pytest.raises(ValueError, match="at least one layer"):
         Profile(layers=())
     with pytest.raises(ValueError, match="link_bandwidth"):
         Profile(layers=_profile().layers, link_bandwidth=0)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("forward", float("inf")), ("input_grad", float("nan")), ("weight_grad", -1.0), ("param_bytes", float("inf")),
+    ("recompute", float("-inf")), ("forward", "1.0"), ("forward", True),
+])
+def test_part_layer_cost_refuses_non_finite_or_negative(field, value):
+    fields = {"name": "layers.0", "forward": 1.0, "input_grad": 1.0, "weight_grad": 1.0, field: value}
+    with pytest.raises(ValueError, match=rf"LayerCost\('layers.0'\)\.{field} must be a finite non-negative number"):
+        LayerCost(**fields)
+
+
+def test_part_layer_cost_is_keyword_only_as_the_readme_shows():
+    with pytest.raises(TypeError, match="positional"):
+        LayerCost("embed", 1.0, 1.0, 1.0)  # type: ignore[misc]
+    assert LayerCost(name="embed", forward=1.0, input_grad=1.0, weight_grad=0.5).recompute == 1.0

@@ -6,6 +6,7 @@ profile measured on a GPU box can be saved to YAML and cut anywhere.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 BYTES_PER_MS_PER_GB_S = 1e6
@@ -16,8 +17,8 @@ def _check_non_negative(owner: str, **values: float | None) -> None:
     for name, value in values.items():
         if value is None:
             continue
-        if not isinstance(value, (int, float)) or value != value or value < 0:
-            raise ValueError(f"{owner}.{name} must be a non-negative number, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise ValueError(f"{owner}.{name} must be a finite non-negative number (ms or bytes), got {value!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
