@@ -15,7 +15,7 @@ ROOT = Path(__file__).parent
 CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
 # Installation order matters: each package may depend on those before it.
 PACKAGES = ("schedules", "partition", "offload", "runtime")
-EXTRAS = {"schedules": "plot,test", "partition": "profile,test", "offload": "test", "runtime": "hf,cli,test"}
+EXTRAS = {"schedules": "plot,test", "partition": "profile,test", "offload": "test", "runtime": "hf,cli,test,tensorboard"}
 TEST_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 nox.options.sessions = ["lint", "tests"]

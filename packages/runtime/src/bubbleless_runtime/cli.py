@@ -21,6 +21,7 @@ from .config import ModelConfig, RunConfig, config_to_dict, load_config, validat
 from .config_checks import check_device, check_schedule, pool_groups_of, uses_pool
 from .default_config import DEFAULT_CONFIG_YAML
 from .launch import under_torchrun
+from .metrics import open_metrics
 from .report import RunResult, finish, pool_partition_effect, report
 from .roundrobin_config import ROUNDROBIN_CONFIG_YAML
 
@@ -330,9 +331,12 @@ def _train(config: RunConfig, *, rank: int) -> RunResult:
         return result
     losses, tokens, seconds, warm = [], 0, 0.0, False
     bar = _progress(rank, total=steps, initial=trainer.step)
+    metrics = open_metrics(out, rank=rank, resume_step=trainer.step)  # out/metrics.jsonl, TensorBoard
     while trainer.step < steps:
         stats = trainer.train_step(data)
         losses.append(stats.loss)
+        if metrics is not None:
+            metrics.log_stats(stats)
         if warm or trainer.step == steps:  # the first step pays one-off setup; keep it out of tokens/s
             tokens, seconds = tokens + stats.tokens, seconds + stats.seconds
         warm = True
@@ -345,6 +349,8 @@ def _train(config: RunConfig, *, rank: int) -> RunResult:
             trainer.save(os.path.join(out, f"checkpoint-{trainer.step}"))
     if bar is not None:
         bar.close()
+    if metrics is not None:
+        metrics.close()
     checkpoint = None
     if config.train.checkpoint or config.train.save_every:
         checkpoint = trainer.save(os.path.join(out, f"checkpoint-{trainer.step}"))
