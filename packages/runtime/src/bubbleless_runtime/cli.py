@@ -20,6 +20,7 @@ from collections.abc import Callable
 from .config import ModelConfig, RunConfig, config_to_dict, load_config, validate
 from .config_checks import check_device, check_schedule, pool_groups_of, uses_pool
 from .default_config import DEFAULT_CONFIG_YAML
+from .generate import add_generate_parser, run_generate
 from .launch import under_torchrun
 from .metrics import open_metrics
 from .report import RunResult, finish, pool_partition_effect, report
@@ -53,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--print-config", action="store_true", help="print the resolved config as YAML and exit"
     )
+    add_generate_parser(commands)
     return parser
 
 
@@ -81,6 +83,8 @@ def resolve_config(args: argparse.Namespace) -> RunConfig:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "generate":
+        return run_generate(args)
     try:
         config = resolve_config(args)
         pool = uses_pool(config.pipeline.schedule)
