@@ -110,3 +110,5 @@ def test_train_writes_a_line_per_step_and_a_resume_does_not_repeat_steps(tmp_pat
         assert [r["step"] for r in records] == [1, 2, 3, 4]
     assert all(set(r) == {"step", "loss", "lr", "grad_norm", "tokens_per_second"} for r in records)
     assert all(r["loss"] > 0 and r["tokens_per_second"] > 0 and r["grad_norm"] > 0 for r in records)
+    assert f"loss curve    {out / 'loss.png'}" in done.stdout  # the report draws these steps
+    assert (out / "loss.png").stat().st_size > 5000

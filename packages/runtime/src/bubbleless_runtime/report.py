@@ -7,9 +7,12 @@ every rank); the simulator's is the same schedule under costs calibrated from th
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from statistics import mean
+
+from .metrics import read_metrics
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,11 @@ class RunResult:
     """Directory of the saved LoRA adapter (``lora.enabled`` only)."""
     step: int = 0
     """The trainer's step count when the run ended (the checkpoint's step when nothing ran)."""
+    loss_png: str | None = None
+    """Path of the train (and eval) loss curve PNG beside the timeline (rank 0; None without matplotlib or
+    steps)."""
+    eval_losses: tuple[tuple[int, float], ...] = ()
+    """(step, eval loss) of every step that evaluated, from ``metrics.jsonl`` (rank 0; empty without eval)."""
 
 
 def measured_costs(timeline):
@@ -51,14 +59,70 @@ def measured_costs(timeline):
 def finish(rank, pipeline, losses, tokens_per_second, out, checkpoint, adapter, step) -> RunResult:
     """The run's result on this rank. Reads ``pipeline.last_timeline``, a collective: call on every rank."""
     timeline = pipeline.last_timeline
-    png = trace = None
+    png = trace = loss_png = None
+    evals: tuple[tuple[int, float], ...] = ()
     measured = predicted = float("nan")
     if timeline is not None:
         measured = timeline.bubble_rate
         predicted = pipeline.predicted_timeline(measured_costs(timeline)).bubble_rate
         if rank == 0:
             png, trace = write_pictures(timeline, out)
-    return RunResult(losses, tokens_per_second, measured, predicted, png, trace, checkpoint, adapter, step)
+    if rank == 0 and losses:
+        records = loss_records(out, losses)
+        evals = tuple((r["step"], r["eval_loss"]) for r in records if r.get("eval_loss") is not None)
+        loss_png = write_loss_curve(records, os.path.join(out, "loss.png"))
+    return RunResult(losses, tokens_per_second, measured, predicted, png, trace, checkpoint, adapter, step,
+                     loss_png, evals)
+
+
+def loss_records(out: str, losses: list[float]) -> list[dict]:
+    """The run's step records: ``out/metrics.jsonl`` (every step, earlier runs of a resumed one too), or
+    steps numbered from 1 over ``losses`` when there is no such file."""
+    records = [r for r in read_metrics(out) if "step" in r]
+    return records or [{"step": i, "loss": loss} for i, loss in enumerate(losses, 1)]
+
+
+def _finite(value) -> bool:
+    return value is not None and math.isfinite(value)
+
+
+def plot_losses(records: list[dict], path: str | None = None, *, dpi: int = 100):
+    """Train loss per step as a line, eval loss (where a step has one) as a line with markers; writes a
+    PNG to ``path`` when given and returns the matplotlib Figure (object API, no pyplot state)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(7.0, 4.0), dpi=dpi)
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot(1, 1, 1)
+    train = [(r["step"], r["loss"]) for r in records if _finite(r.get("loss"))]
+    evals = [(r["step"], r["eval_loss"]) for r in records if _finite(r.get("eval_loss"))]
+    if train:
+        axes.plot([x for x, _ in train], [y for _, y in train], color="#4c72b0", linewidth=1.2, label="train loss")
+    if evals:
+        axes.plot([x for x, _ in evals], [y for _, y in evals], color="#dd8452", linewidth=1.5, marker="o", markersize=4, label="eval loss")
+    axes.set_xlabel("optimizer step")
+    axes.set_ylabel("loss (mean per micro-batch)")
+    axes.set_title("loss" + (" (train and eval)" if evals else " (train)"), fontsize=10)
+    axes.grid(True, alpha=0.3)
+    axes.legend(frameon=False)
+    figure.tight_layout()
+    if path is not None:
+        figure.savefig(path, dpi=dpi)
+    return figure
+
+
+def write_loss_curve(records: list[dict], path: str) -> str | None:
+    """``path`` with the loss curve of ``records`` drawn into it; None without matplotlib or records."""
+    if not records:
+        return None
+    try:
+        import matplotlib  # noqa: F401  (the [cli] extra)
+    except ImportError:
+        return None
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    plot_losses(records, path)
+    return path
 
 
 def write_pictures(timeline, out: str) -> tuple[str | None, str | None]:
@@ -106,8 +170,14 @@ def report(result: RunResult, config) -> str:
         f"(last step; simulator fed that step's {fed}; it assumes a core per {worker}, so expect a gap when "
         f"{worker}s outnumber free cores)",
     ]
+    if result.eval_losses:
+        (first_step, first_eval), (last_step, last_eval) = result.eval_losses[0], result.eval_losses[-1]
+        lines.insert(2, f"eval loss     {first_eval:.3f} -> {last_eval:.3f}  (steps {first_step} and {last_step}; "
+                        f"perplexity {_perplexity(last_eval)})")
     if result.timeline_png:
         lines.append(f"timeline PNG  {result.timeline_png}")
+    if result.loss_png:
+        lines.append(f"loss curve    {result.loss_png}")
     if result.chrome_trace:
         lines.append(f"Chrome trace  {result.chrome_trace}  (open in chrome://tracing or ui.perfetto.dev)")
     if result.checkpoint:
@@ -115,6 +185,10 @@ def report(result: RunResult, config) -> str:
     if result.adapter:
         lines.append(f"LoRA adapter  {result.adapter}")
     return "\n".join(lines)
+
+
+def _perplexity(loss: float) -> str:
+    return f"{math.exp(loss):.4g}" if loss < 700 else "inf"  # exp overflows a float past ~709
 
 
 def devices_text(devices: list[str]) -> str:
