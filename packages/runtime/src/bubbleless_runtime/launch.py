@@ -6,14 +6,19 @@
 - ``spawn(fn, nproc, *args)``: starts ``nproc`` local processes on gloo (what ``bubbleless train --nproc``
   uses), calls ``fn(rank, *args)`` in each, and returns the per-rank results. A child's exception is
   raised again in the parent, same type, with the child's traceback attached as its cause; a child that
-  dies without a report (killed, ``os._exit``) becomes a ``RuntimeError`` naming the rank and exit code.
+  dies without a report (killed, ``os._exit``) or stalls becomes a ``RankFailure`` naming the rank and
+  how (signal, exit code, process state). Of several failures the root cause is raised, never a
+  survivor's ``PipelineCommError`` (``rank_failures``). No child outlives the call or the launcher.
 - ``run(fn, nproc, *args)``: ``fn(rank, *args)`` in this process when launched by torchrun, else ``spawn``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pickle
 import queue as queue_mod
+import signal
 import socket
 import time
 import traceback
@@ -23,18 +28,22 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from .rank_failures import (
+    OWN,
+    TIMEOUT,
+    Failure,
+    RankFailure,
+    RemoteTraceback,
+    died,
+    raise_root_cause,
+    reported,
+    stalled,
+)
+from .signals import RunInterrupted, StopRequest, die_with_launcher, signal_name
+
 DEFAULT_PG_TIMEOUT = 600.0
 
-
-class RemoteTraceback(Exception):
-    """Carries a child process's formatted traceback as the cause of the re-raised exception."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__(text)
-        self.text = text
-
-    def __str__(self) -> str:
-        return self.text
+__all__ = ["RankFailure", "RemoteTraceback", "RunInterrupted", "init_from_env", "run", "spawn", "under_torchrun"]
 
 
 def under_torchrun() -> bool:
@@ -62,7 +71,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _child(rank, nproc, port, backend, threads, pg_timeout, fn, args, reports) -> None:
+def _child(rank, nproc, port, backend, threads, pg_timeout, fn, args, reports, launcher_pid) -> None:
+    os.setpgid(0, 0)  # a group of its own: Ctrl-C reaches the launcher only, and cleanup takes grandchildren too
+    die_with_launcher(launcher_pid)
     os.environ.update(
         RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(nproc),
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
@@ -75,10 +86,11 @@ def _child(rank, nproc, port, backend, threads, pg_timeout, fn, args, reports) -
         reports.put((rank, "ok", result, ""))
     except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
         text = traceback.format_exc()
-        try:
-            reports.put((rank, "error", exc, text))
-        except Exception:  # the exception itself does not pickle: send its text
-            reports.put((rank, "error", RuntimeError(f"{type(exc).__name__}: {exc}"), text))
+        try:  # the queue pickles in a feeder thread, where a failure would be lost: check here
+            pickle.loads(pickle.dumps(exc))
+        except Exception:  # noqa: BLE001 - the exception itself does not round-trip: send its text
+            exc = RuntimeError(f"{type(exc).__name__}: {exc}")
+        reports.put((rank, "error", exc, text))
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -91,18 +103,26 @@ def spawn(
     backend: str = "gloo",
     threads_per_process: int | None = None,
     timeout: float | None = None,
-    grace: float = 30.0,
+    grace: float = 5.0,
     pg_timeout: float = DEFAULT_PG_TIMEOUT,
     start_method: str = "forkserver",
+    stop_grace: float = 120.0,
 ) -> list:
     """Run ``fn(rank, *args)`` in ``nproc`` fresh local processes joined in one process group.
 
     ``fn`` must be importable (a module-level function). ``threads_per_process``: torch threads per
     child (default: the CPU count shared evenly). ``timeout``: seconds for the whole run (None: no limit).
     ``grace``: after a child fails, how long the others get to report their own errors before they are
-    terminated. ``start_method``: "forkserver" (default) imports torch once in a server process that
-    later spawns fork from, which makes repeated spawns cheap; "spawn" starts each child from scratch.
-    Returns the results in rank order.
+    killed; the error raised is then the root cause (``rank_failures``), not whichever report came first.
+    ``pg_timeout``: the process group's timeout (its blocking collectives). ``start_method``:
+    "forkserver" (default) imports torch once in a server process that later spawns fork from, which
+    makes repeated spawns cheap; "spawn" starts each child from scratch.
+
+    No child outlives this call or this process: each runs in a process group of its own and dies with
+    the launcher (``signals.die_with_launcher``); on return or error every group still alive is killed.
+    SIGTERM or Ctrl-C (SIGINT) here is passed on to the children as SIGTERM; children that stop for it
+    (``bubbleless train`` saves a checkpoint first) get ``stop_grace`` seconds, then are killed, and
+    ``RunInterrupted`` is raised. Returns the results in rank order.
     """
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise ValueError(f"nproc must be a positive integer, got {nproc!r}")
@@ -111,42 +131,103 @@ def spawn(
     reports = ctx.Queue()
     port = _free_port()
     procs = [
-        ctx.Process(target=_child, args=(r, nproc, port, backend, threads, pg_timeout, fn, args, reports), daemon=True)
+        ctx.Process(target=_child, args=(r, nproc, port, backend, threads, pg_timeout, fn, args, reports, os.getpid()),
+                    daemon=True)
         for r in range(nproc)
     ]
-    for p in procs:
-        p.start()
-    results: dict[int, object] = {}
-    failures: list[tuple[int, BaseException | None, str]] = []
-    started, failed_at = time.monotonic(), None
+    stop = StopRequest()
+    stop.install()
     try:
-        while len(results) + len(failures) < nproc:
-            now = time.monotonic()
-            if failed_at is not None and now - failed_at > grace:
-                break
-            if timeout is not None and now - started > timeout:
-                failures.append((-1, None, f"spawn: the run exceeded timeout={timeout:g}s"))
-                break
-            try:
-                rank, status, payload, text = reports.get(timeout=0.1)
-            except queue_mod.Empty:
-                _note_silent_exits(procs, results, failures)
-            else:
-                if status == "ok":
-                    results[rank] = payload
-                else:
-                    failures.append((rank, payload, text))
-            if failures and failed_at is None:
-                failed_at = time.monotonic()
+        for p in procs:
+            p.start()
+        results, failures = _collect(procs, reports, stop, timeout=timeout, grace=grace, stop_grace=stop_grace)
     finally:
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-        for p in procs:
-            p.join(timeout=10)
+        stop.restore()
+        _reap(procs)
+    if stop.signum is not None and not any(f.kind == OWN for f in failures):
+        raise RunInterrupted(f"stopped by {signal_name(stop.signum)}: the ranks were stopped", stop.signum)
     if failures:
-        _raise_first(failures, nproc)
+        raise_root_cause(failures, nproc)
     return [results[r] for r in range(nproc)]
+
+
+def _collect(procs, reports, stop: StopRequest, *, timeout, grace, stop_grace) -> tuple[dict, list[Failure]]:
+    """Read the children's reports until every rank is accounted for, or a deadline passes."""
+    nproc = len(procs)
+    results: dict[int, object] = {}
+    errors: dict[int, Failure] = {}  # rank -> its report, or how it died
+    started, failed_at, stop_at = time.monotonic(), None, None
+    while len(results) + len(errors) < nproc:
+        now = time.monotonic()
+        if stop.signum is not None and stop_at is None:
+            stop_at = now
+            _signal_all(procs, signal.SIGTERM)
+        if stop_at is not None and now - stop_at > stop_grace:
+            break
+        if failed_at is not None and now - failed_at > grace and stop_at is None:
+            break
+        if timeout is not None and now - started > timeout:
+            errors[-1] = Failure(-1, TIMEOUT, f"spawn: the run exceeded timeout={timeout:g}s")
+            break
+        try:
+            rank, status, payload, text = reports.get(timeout=0.1)
+        except queue_mod.Empty:
+            _note_silent_exits(procs, results, errors)
+        else:
+            if status == "ok":
+                results[rank] = payload
+            else:
+                errors[rank] = reported(rank, payload, text)  # a report replaces a death noted before it
+        if errors and failed_at is None:
+            failed_at = time.monotonic()
+    _drain(reports, results, errors)
+    if errors or stop_at is not None:
+        for rank, p in enumerate(procs):
+            if rank not in results and rank not in errors:
+                if p.is_alive():
+                    errors[rank] = stalled(rank, p.pid)
+                elif p.exitcode is not None:
+                    errors[rank] = died(rank, p.exitcode)
+    return results, list(errors.values())
+
+
+def _drain(reports, results, errors) -> None:
+    """Reports already in the queue (a rank reporting while the loop gave up on it)."""
+    while True:
+        try:
+            rank, status, payload, text = reports.get_nowait()
+        except (queue_mod.Empty, OSError, ValueError):
+            return
+        if status == "ok":
+            results[rank] = payload
+        else:
+            errors[rank] = reported(rank, payload, text)
+
+
+def _signal_all(procs, signum: int) -> None:
+    for p in procs:
+        if p.pid is not None and p.exitcode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.pid, signum)
+
+
+def _reap(procs, wait: float = 2.0) -> None:
+    """End every child and its process group: a short wait for those finishing, then SIGKILL (which
+    also ends a stopped process, where SIGTERM would wait for a SIGCONT that never comes)."""
+    deadline = time.monotonic() + wait
+    for p in procs:
+        if p.pid is not None:
+            p.join(timeout=max(deadline - time.monotonic(), 0.0))
+    for p in procs:
+        if p.pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.pid, signal.SIGKILL)  # the group: the child and anything it started
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                if p.exitcode is None:
+                    os.kill(p.pid, signal.SIGKILL)
+    for p in procs:
+        if p.pid is not None:
+            p.join(timeout=10)
 
 
 def _context(start_method: str):
@@ -156,25 +237,11 @@ def _context(start_method: str):
     return ctx
 
 
-def _note_silent_exits(procs, results, failures) -> None:
-    reported = set(results) | {r for r, _, _ in failures}
+def _note_silent_exits(procs, results, errors) -> None:
     for rank, p in enumerate(procs):
-        if rank not in reported and not p.is_alive() and p.exitcode is not None:
+        if rank not in results and rank not in errors and not p.is_alive() and p.exitcode is not None:
             time.sleep(0.2)  # a report may still be in flight through the queue
-            failures.append((rank, None, f"rank {rank} exited with code {p.exitcode} without reporting a result"))
-
-
-def _raise_first(failures, nproc: int):
-    rank, exc, text = failures[0]
-    others = ", ".join(f"rank {r}" for r, _, _ in failures[1:] if r >= 0)
-    if exc is None:
-        raise RuntimeError(text + (f" (also failed: {others})" if others else ""))
-    exc.__cause__ = RemoteTraceback(f"\n--- rank {rank} of {nproc}, traceback in the child ---\n{text}")
-    if others:
-        exc.add_note(f"(raised in rank {rank}; also failed: {others})")
-    else:
-        exc.add_note(f"(raised in rank {rank})")
-    raise exc
+            errors[rank] = died(rank, p.exitcode)
 
 
 def run(fn, nproc: int, *args, **spawn_options):

@@ -11,7 +11,9 @@ Everything the caller can get wrong is checked in the constructor or at the top 
 rank, before any communication, so a bad argument is a ``ValueError`` everywhere instead of a hang.
 What only shows while a step runs (a ``loss_fn`` that returns a non-scalar, a layer that returns a
 dict) raises on the rank that meets it; its peers then raise ``PipelineCommError`` when that process
-exits, or after ``timeout`` seconds if it stays alive, naming the transfer they waited for.
+exits, or after ``timeout`` seconds if it stays alive, naming the transfer they waited for. The
+constructor's profiling (``partition="auto"``) and the first step wait up to ``first_step_timeout``
+instead (default: ``timeout``), as they include one-off work (profiling, compilation, allocator warm-up).
 """
 
 from __future__ import annotations
@@ -132,11 +134,14 @@ class Pipeline:
         costs: Costs | None = None,
         schedule_options: dict | None = None,
         timeout: float = DEFAULT_TIMEOUT,
+        first_step_timeout: float | None = None,
         trace: bool = True,
         prefetch: int | None = None,
         interpreter: Interpreter | None = None,
     ) -> None:
         check_common(loss_fn, num_microbatches, timeout)
+        first_step_timeout = timeout if first_step_timeout is None else first_step_timeout
+        check_common(loss_fn, num_microbatches, first_step_timeout)
         self.rank, self.num_ranks = _group_shape(group)
         self.schedule = _resolve_schedule(
             schedule, num_ranks=self.num_ranks, num_microbatches=num_microbatches,
@@ -153,7 +158,7 @@ class Pipeline:
                                              costs=profiled, options=dict(schedule_options or {}))
             partition, self.profile, self.schedule = auto_cut(
                 layers, self.schedule, sample_input, memory_cap=memory_cap, rank=self.rank,
-                num_ranks=self.num_ranks, group=group, data_parallel_group=data_parallel_group, timeout=timeout,
+                num_ranks=self.num_ranks, group=group, data_parallel_group=data_parallel_group, timeout=first_step_timeout,
                 generate_for=generate_for,
             )
             self.stage_costs = stage_costs(self.profile, partition.sizes)
@@ -173,6 +178,8 @@ class Pipeline:
         self.loss_fn = loss_fn
         self.costs = costs
         self.timeout = float(timeout)
+        self.first_step_timeout = float(first_step_timeout)
+        self._wait = self.first_step_timeout  # what waits are bounded by now: timeout after the first step
         self.trace = trace
         self.group = group  # None: the default group
         self.holds_loss = self.schedule.stage_to_rank[-1] == self.rank
@@ -182,11 +189,11 @@ class Pipeline:
         self._checked: set = set()
         self._averager = None
         if data_parallel_group is not None:
-            self._averager = GradientAverager(data_parallel_group, stage_modules, timeout=self.timeout, rank=self.rank)
+            self._averager = GradientAverager(data_parallel_group, stage_modules, timeout=self._wait, rank=self.rank)
         channel = None
         if self.num_ranks > 1:
             upward, downward = direction_groups(self.group, self.timeout)
-            channel = Channel(upward, self.timeout, self.rank, downward=downward)
+            channel = Channel(upward, self._wait, self.rank, downward=downward)
         self._executor = Executor(
             rank=self.rank, lowered=self.lowered, modules=stage_modules, loss_fn=loss_fn, channel=channel,
             on_stage_done=self._averager.stage_done if self._averager else (lambda stage: None),
@@ -223,9 +230,18 @@ class Pipeline:
         if self._averager is not None:
             self._averager.finish()
         self._last_spans, self._timeline = (state.spans if self.trace else None), None
+        if self._wait != self.timeout:  # the first step is done: steady-state deadlines from now on
+            self._set_wait(self.timeout)
         if not self.holds_loss:
             return None
         return torch.stack([state.losses[m] for m in range(self.num_microbatches)]).sum()
+
+    def _set_wait(self, seconds: float) -> None:
+        self._wait = seconds
+        if self._executor.channel is not None:
+            self._executor.channel.timeout = seconds
+        if self._averager is not None:
+            self._averager.timeout = seconds
 
     @property
     def last_timeline(self):
@@ -255,7 +271,7 @@ class Pipeline:
         mine = torch.tensor([digest], dtype=torch.int64, device=backend_device(self.group))
         gathered = [torch.empty_like(mine) for _ in range(self.num_ranks)]
         work = dist.all_gather(gathered, mine, group=self.group, async_op=True)
-        wait_collective(work, self.timeout, "checking that all ranks run the same schedule", self.rank)
+        wait_collective(work, self._wait, "checking that all ranks run the same schedule", self.rank)
         values = [int(t) for t in gathered]
         differ = [r for r, v in enumerate(values) if v != values[0]]
         if differ:

@@ -1,0 +1,153 @@
+"""No hangs, no orphans: stalled ranks, a killed or interrupted launcher, and the error that names the cause."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+
+import pytest
+
+from bubbleless_runtime import PipelineCommError, spawn
+from bubbleless_runtime.launch import RankFailure
+from bubbleless_runtime.testing_faults import first_step_waits, raise_mid_step, start_a_grandchild_then_fail
+
+
+def marked_processes(marker: str) -> list[int]:
+    """Pids of live processes whose environment holds ``BUBBLELESS_TEST_MARKER=marker`` (Linux /proc)."""
+    found = []
+    needle = f"BUBBLELESS_TEST_MARKER={marker}".encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    with open(f"/proc/{entry}/stat") as s:
+                        if s.read().rsplit(")", 1)[1].split()[0] != "Z":
+                            found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def wait_until(predicate, limit: float = 30.0) -> bool:
+    """Poll ``predicate`` until true or ``limit`` seconds (a bound against hanging, not a speed check)."""
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return predicate()
+
+
+def python(script: str, marker: str, **kwargs) -> subprocess.Popen:
+    env = {**os.environ, "BUBBLELESS_TEST_MARKER": marker, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
+
+
+@pytest.mark.slow
+def test_rt_a_stalled_rank_ends_spawn_naming_it_and_the_interpreter_exits():
+    """SIGSTOP one rank: the survivors time out, spawn raises RankFailure naming the stopped rank, the
+    stopped process is killed and the interpreter exits (it used to hang joining the stopped child)."""
+    marker = uuid.uuid4().hex
+    proc = python("""
+        from bubbleless_runtime import spawn
+        from bubbleless_runtime.testing_faults import stall_after_one_step
+        try:
+            spawn(stall_after_one_step, 3, 1, 3.0, threads_per_process=1, grace=2.0)
+        except Exception as exc:
+            print(type(exc).__name__, exc, flush=True)
+        """, marker)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    assert out.startswith("RankFailure rank 1 stopped responding"), out + err[-3000:]
+    assert "stopped (SIGSTOP" in out and "rank 0 (PipelineCommError" in out, out
+    assert wait_until(lambda: not marked_processes(marker)), marked_processes(marker)
+
+
+@pytest.mark.slow
+def test_rt_a_rank_raising_mid_step_is_the_headline_every_time():
+    """The last stage's loss_fn returns a non-scalar; its ValueError, not a survivor's PipelineCommError,
+    is what spawn raises, in each of five runs (reports arrive in any order)."""
+    for _ in range(5):
+        with pytest.raises(ValueError, match="loss_fn must return a scalar") as info:
+            spawn(raise_mid_step, 3, 30.0, threads_per_process=1)
+        assert "raised in rank 2 of 3" in "".join(info.value.__notes__)
+
+
+@pytest.mark.slow
+def test_rt_the_first_step_gets_its_own_timeout():
+    """A rank 2.5 s late to its first step: fine under first_step_timeout=30 with timeout=1, a
+    PipelineCommError with the first step held to timeout=1."""
+    assert spawn(first_step_waits, 2, 1.0, 30.0, 2.5, threads_per_process=1) == ["ok", "ok"]
+    with pytest.raises(PipelineCommError, match="timeout=1s"):
+        spawn(first_step_waits, 2, 1.0, 1.0, 2.5, threads_per_process=1)
+
+
+@pytest.mark.slow
+def test_rt_processes_a_rank_started_are_killed_with_it(tmp_path):
+    pid_file = tmp_path / "grandchild.pid"
+    with pytest.raises(KeyError, match="fails on purpose"):
+        spawn(start_a_grandchild_then_fail, 2, str(pid_file), threads_per_process=1)
+    pid = int(pid_file.read_text())
+    assert wait_until(lambda: not _alive(pid)), f"grandchild {pid} outlived its rank"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+LAUNCHER = """
+    import sys
+    from bubbleless_runtime import spawn
+    from bubbleless_runtime.testing_faults import sleep_forever
+    try:
+        spawn(sleep_forever, 2, sys.argv[1], threads_per_process=1, stop_grace=5.0)
+    except BaseException as exc:
+        print(type(exc).__name__, exc, flush=True)
+        raise SystemExit(getattr(exc, "exit_code", 1))
+    """
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
+def test_rt_killing_the_launcher_takes_its_ranks_down(tmp_path, signum):
+    marker = uuid.uuid4().hex
+    env = {**os.environ, "BUBBLELESS_TEST_MARKER": marker, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(LAUNCHER), str(tmp_path)], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    pid_files = [tmp_path / f"rank{r}.pid" for r in range(2)]
+    assert wait_until(lambda: all(p.exists() and p.read_text() for p in pid_files), 120), proc.stderr.read()
+    ranks = [int(p.read_text()) for p in pid_files]
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=60)
+    assert wait_until(lambda: not any(_alive(pid) for pid in ranks)), "a rank outlived its launcher"
+    assert wait_until(lambda: not marked_processes(marker)), marked_processes(marker)
+    if signum != signal.SIGKILL:
+        assert proc.returncode == 128 + signum, out + err[-3000:]
+        assert out.startswith(f"RunInterrupted stopped by {signal.Signals(signum).name}"), out + err[-3000:]
+
+
+def test_rt_rank_failures_rank_own_errors_over_deaths_over_stalls_over_comm_errors():
+    from bubbleless_runtime.rank_failures import died, raise_root_cause, reported, stalled
+
+    comm = reported(0, PipelineCommError("receiving 1F0 from pipeline rank 1 failed"), "tb")
+    dead = died(3, -9)
+    assert dead.text == "rank 3 was killed by SIGKILL without reporting a result"
+    with pytest.raises(RankFailure, match=r"^rank 3 was killed by SIGKILL .* \(of 4 ranks\); then rank 0 "
+                                          r"\(PipelineCommError: receiving 1F0"):
+        raise_root_cause([comm, stalled(2, None), dead], 4)
+    with pytest.raises(RankFailure, match="^rank 2 stopped responding"):
+        raise_root_cause([comm, stalled(2, None)], 4)
+    with pytest.raises(ZeroDivisionError):
+        raise_root_cause([comm, dead, reported(1, ZeroDivisionError("x"), "tb")], 4)
