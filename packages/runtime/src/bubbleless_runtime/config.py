@@ -131,6 +131,13 @@ class PipelineConfig:
     cap that would."""
     backend: str = "gloo"
     """torch.distributed backend: ``gloo`` on CPU, ``nccl`` on GPUs (not used by ``roundrobin``)."""
+    timeout: float = 300.0
+    """Seconds a rank waits for a transfer or collective before the run fails with ``PipelineCommError``
+    (a peer died, stalled or runs another schedule); the run then ends, naming the rank at fault, within
+    about this plus a few seconds. Stage-bound schedules (the pool runs in one process)."""
+    first_step_timeout: float | None = None
+    """The same bound for the start and the first step, which include one-off work (``partition: auto``
+    profiling, allocator warm-up, compilation). Default: 4 x ``timeout``."""
 
 
 @dataclass(kw_only=True)
@@ -181,7 +188,11 @@ class TrainConfig:
     checkpoint: bool = False
     """Write a checkpoint at the end of the run."""
     resume: str | None = None
-    """A checkpoint directory to resume from (model, optimizer, scheduler, RNG, step, data position)."""
+    """A checkpoint directory to resume from (model, optimizer, scheduler, RNG, step, data position), or
+    ``latest``: the newest complete checkpoint under ``output_dir``. A checkpoint whose writing was cut
+    short is refused, naming the newest complete one."""
+    keep_checkpoints: int = 2
+    """Keep only the newest this many complete checkpoints under ``output_dir`` (0: keep all)."""
 
 
 @dataclass(kw_only=True)
