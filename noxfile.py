@@ -125,6 +125,45 @@ def bench_modelled(session: nox.Session) -> None:
     session.run("python", "bench/model.py", "--table", *session.posargs, env=TEST_ENV)
 
 
+BENCH_EXTRAS = ("deepspeed", "pytest-benchmark")
+"""What the bench sessions add to the test environment: the real DeepSpeed baseline, the micro-benchmarks."""
+
+
+@nox.session
+def bench_check(session: nox.Session) -> None:
+    """Deterministic figures (modelled tokens/s and longest sequence, simulated makespans, schedule ratios)
+    against bench/baselines/; fails on any drop. `-- --update` rewrites the baselines; `-- --measured RUN.json`
+    also checks measured tokens/s within their noise threshold. Needs no DeepSpeed."""
+    _install(session)
+    session.run("python", "-m", "bench.check", *session.posargs, env=TEST_ENV)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """The quick bench suite (minutes on 2 cores): pytest-benchmark micro-benchmarks (JSON under
+    bench/results/), the deterministic regression check, and the tiny measured scenario in its quick form."""
+    _install(session)
+    session.install(*CONSTRAINTS, *BENCH_EXTRAS)
+    session.run("pytest", "bench/micro", "-q", "-p", "no:cacheprovider", "--benchmark-json",
+                "bench/results/micro.json", env=TEST_ENV)
+    session.run("python", "-m", "bench.check", env=TEST_ENV)
+    session.run("python", "-m", "bench.measured", "--scenario", "bench/scenarios/tiny.yaml", "--quick",
+                "--out", "bench/results/measured_quick.md", env=TEST_ENV)
+
+
+@nox.session
+def bench_full(session: nox.Session) -> None:
+    """Everything: the quick suite's micro-benchmarks, the full measured scenario (every system, longest
+    sequence by bisection), its measured regression check, and the modelled tables and plots."""
+    _install(session)
+    session.install(*CONSTRAINTS, *BENCH_EXTRAS)
+    session.run("pytest", "bench/micro", "-q", "-p", "no:cacheprovider", "--benchmark-json",
+                "bench/results/micro.json", env=TEST_ENV)
+    session.run("python", "-m", "bench.measured", "--scenario", "bench/scenarios/tiny.yaml", env=TEST_ENV)
+    session.run("python", "-m", "bench.check", "--measured", "bench/results/measured.json", env=TEST_ENV)
+    session.run("python", "bench/model.py", "--table", env=TEST_ENV)
+
+
 @nox.session
 def golden(session: nox.Session) -> None:
     """Regenerate the golden schedule CSV files after an intended change."""

@@ -1,0 +1,110 @@
+"""bench/check.py (issue 10, section 4): the regression check fails on a planted drop and passes on the
+stored baselines; the measured half fails only beyond its written-down noise threshold."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # bench/ is not installed: import it from the checkout
+    sys.path.insert(0, str(ROOT))
+
+from bench.check import BASELINES, check_set, compare, main  # noqa: E402
+from bench.figures import FIGURE_SETS, modelled_key  # noqa: E402
+from bench.measured_baseline import MIN_DROP, noise_threshold  # noqa: E402
+
+SETS = {s.name: s for s in FIGURE_SETS}
+CHEAP_MODELLED = {modelled_key(s, "qwen3-1.7b", "a800", 8) for s in ("zero-infinity", "zero2", "1f1b", "zb")}
+"""Modelled points that price in milliseconds (round-robin and zbv plan for seconds; CI checks them all)."""
+
+
+def plant(folder: Path, name: str, group: str, key: str, factor: float) -> float:
+    path = folder / f"{name}.json"
+    data = json.loads(path.read_text())
+    data["figures"][group][key] *= factor
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    return data["figures"][group][key]
+
+
+@pytest.fixture
+def baselines(tmp_path: Path) -> Path:
+    folder = tmp_path / "baselines"
+    shutil.copytree(BASELINES, folder)
+    return folder
+
+
+def test_cross_bench_check_passes_on_the_stored_baselines():
+    for name in ("schedules", "ratios"):
+        findings = check_set(SETS[name], BASELINES)
+        assert not [f.line() for f in findings if f.fails], name
+    assert not [f for f in check_set(SETS["modelled"], BASELINES, keys=CHEAP_MODELLED) if f.fails]
+
+
+def test_cross_bench_check_cli_fails_on_a_planted_makespan_regression(baselines, capsys):
+    # the baseline claims zbv was 5% faster than it is: the fresh makespan is a drop
+    planted = plant(baselines, "schedules", "makespan", "zbv p4 m8 unit", 0.95)
+    assert main(["--baselines", str(baselines), "--only", "schedules"]) == 1
+    out = capsys.readouterr().out
+    assert "DROP    schedules/makespan/zbv p4 m8 unit" in out and f"{planted:g}" in out
+    assert "bench check FAILED: 1 figure(s)" in out
+
+
+def test_cross_bench_check_fails_on_a_raised_modelled_figure_and_passes_a_lowered_one(baselines):
+    key = modelled_key("zero2", "qwen3-1.7b", "a800", 8)
+    plant(baselines, "modelled", "tokens_per_s", key, 1.01)
+    [finding] = [f for f in check_set(SETS["modelled"], baselines, keys={key}) if f.kind != "new"]
+    assert finding.kind == "drop" and finding.fails and finding.name == f"modelled/tokens_per_s/{key}"
+    plant(baselines, "modelled", "tokens_per_s", key, 0.5)  # baseline now below the fresh figure: a gain
+    assert [f.kind for f in check_set(SETS["modelled"], baselines, keys={key})] == ["gain"]
+
+
+def test_cross_bench_check_a_figure_gone_from_the_fresh_set_fails():
+    findings = compare({"zbv p4 m8 unit": 25.5, "gone p4 m8 unit": 3.0}, {"zbv p4 m8 unit": 25.5}, "lower")
+    assert [(f.name, f.kind, f.fails) for f in findings] == [("gone p4 m8 unit", "missing", True)]
+    assert compare({"a": 1.0}, {"a": 1.0 + 1e-9}, "lower") == []  # rounding is not a drop
+    with pytest.raises(ValueError, match="direction must be"):
+        compare({}, {}, "up")
+
+
+def test_cross_bench_check_update_rewrites_a_baseline_as_a_readable_diff(baselines):
+    plant(baselines, "schedules", "makespan", "1f1b p2 m4 unit", 2.0)
+    assert main(["--baselines", str(baselines), "--only", "schedules", "--update"]) == 0
+    text = (baselines / "schedules.json").read_text()
+    assert text == (BASELINES / "schedules.json").read_text()  # deterministic: same bytes as the stored one
+    assert text.splitlines()[1].startswith('  "about"') and '"1f1b p2 m4 unit": 15.0' in text
+
+
+def _run(folder: Path, name: str, medians: dict, samples: dict, machine: str = "test-machine") -> Path:
+    path = folder / name
+    path.write_text(json.dumps({
+        "meta": {"machine": machine, "scenario": {"name": "tiny"}, "date": "d", "commit": "c"},
+        "systems": {s: {"tokens_per_s": v, "samples_tokens_per_s": samples[s]} for s, v in medians.items()}}))
+    return path
+
+
+def test_cross_bench_check_measured_drop_beyond_the_noise_threshold_fails(tmp_path, capsys):
+    noisy = [80.0, 100.0, 120.0, 100.0, 90.0, 110.0]  # MAD 10 of 100: threshold 3 x 10% = 30%
+    runs = [_run(tmp_path, f"r{i}.json", {"zbv": 100.0, "1f1b": 50.0},
+                 {"zbv": noisy, "1f1b": [50.0, 50.5, 49.5]}) for i in range(2)]
+    assert main(["--baselines", str(tmp_path), "--update", "--no-deterministic", "--measured", *map(str, runs)]) == 0
+    stored = json.loads((tmp_path / "measured.json").read_text())
+    assert stored["figures"]["tiny/zbv/tokens_per_s"]["threshold"] == pytest.approx(0.3)
+    assert stored["figures"]["tiny/1f1b/tokens_per_s"]["threshold"] == MIN_DROP  # quiet: the floor
+    ok = _run(tmp_path, "ok.json", {"zbv": 75.0, "1f1b": 46.0}, {"zbv": [75.0], "1f1b": [46.0]})
+    assert main(["--baselines", str(tmp_path), "--no-deterministic", "--measured", str(ok)]) == 0
+    bad = _run(tmp_path, "bad.json", {"zbv": 75.0, "1f1b": 44.0}, {"zbv": [75.0], "1f1b": [44.0]})
+    assert main(["--baselines", str(tmp_path), "--no-deterministic", "--measured", str(bad)]) == 1
+    assert "DROP    measured/tiny/1f1b/tokens_per_s" in capsys.readouterr().out
+    elsewhere = _run(tmp_path, "x.json", {"zbv": 1.0, "1f1b": 1.0}, {"zbv": [1.0], "1f1b": [1.0]}, machine="other")
+    assert main(["--baselines", str(tmp_path), "--no-deterministic", "--measured", str(elsewhere)]) == 0
+    assert "skipped: measured on 'other'" in capsys.readouterr().out
+
+
+def test_cross_bench_check_noise_threshold_counts_run_to_run_spread():
+    threshold, spread = noise_threshold([100.0, 140.0], [100.0, 100.0, 140.0, 140.0])
+    assert spread == pytest.approx(20 / 120) and threshold == pytest.approx(0.5)
