@@ -51,6 +51,9 @@ class ModelConfig:
     """Width of one expert's MLP (``qwen3_moe`` only)."""
     aux_loss_coef: float = 0.001
     """Weight of the router's load-balancing loss added to the LM loss (``qwen3_moe`` only)."""
+    dtype: str = "fp32"
+    """``fp32``, ``bf16`` or ``fp16``: the dtype the weights are held (and loaded from ``path``) in.
+    Mixed precision over fp32 weights is ``train.precision``."""
 
 
 @dataclass(kw_only=True)
@@ -73,7 +76,31 @@ class LoraConfig:
 
 @dataclass(kw_only=True)
 class DataConfig:
-    """The synthetic task generated in code: each sample is ``BOS x SEP f(x)``; loss counts ``f(x)`` only."""
+    """The data: a local dataset (``path``) tokenized with ``model.path``'s tokenizer, or, without
+    ``path``, the synthetic task generated in code (each sample ``BOS x SEP f(x)``; loss counts ``f(x)``)."""
+
+    path: str | None = None
+    """A local ``.jsonl``, ``.json`` or ``.txt`` file, or a directory of them; records ``{"text"}``,
+    ``{"prompt", "completion"}`` or ``{"messages": [{"role", "content"}]}`` (chat template). Needs
+    ``model.path`` (its tokenizer). Tokenized once into ``.bubbleless-cache`` beside ``train.output_dir``.
+    Unset: the synthetic task below."""
+    format: str = "auto"
+    """``auto`` (from the first record's keys), ``text``, ``prompt_completion`` or ``messages``."""
+    train_on_prompt: bool = False
+    """Count the loss on prompts and non-assistant turns too (default: completions and assistant turns only)."""
+    packing: bool = True
+    """Pack several samples into each row of ``seq_len`` tokens, each attending only to itself (position
+    ids restart per sample); false: one sample per row, right-padded to the batch's longest."""
+    seq_len: int = 512
+    """Tokens per packed row, and the longest a sample may be (see ``truncation``)."""
+    truncation: str = "truncate"
+    """A sample longer than ``seq_len``: ``truncate`` (cut; dropped if nothing trained is left) or ``drop``;
+    the report says how many."""
+    validation_fraction: float = 0.0
+    """Hold out this fraction of the samples (chosen by ``seed``) for evaluation every ``train.eval_every``
+    steps; 0: none."""
+    validation_path: str | None = None
+    """A separate validation file or directory instead of ``validation_fraction``."""
 
     task: str = "sort"
     """``copy``, ``reverse`` or ``sort``: the function ``f`` the model learns."""
@@ -181,6 +208,9 @@ class TrainConfig:
     schedules only: ``roundrobin`` runs on ``pipeline.devices`` and refuses ``cuda`` here."""
     log_every: int = 10
     """Refresh the progress bar's loss and tokens/s every this many steps."""
+    eval_every: int = 0
+    """With a validation split (``data.validation_fraction`` or ``data.validation_path``): evaluate the
+    loss and perplexity every this many steps and at the end (0: at the end only)."""
     output_dir: str = "bubbleless-run"
     """Where the timeline PNG, the Chrome trace, checkpoints and the LoRA adapter go."""
     save_every: int = 0
@@ -204,7 +234,7 @@ class RunConfig:
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA adapters."""
     data: DataConfig = field(default_factory=DataConfig)
-    """The synthetic task."""
+    """The data: a local dataset or the synthetic task."""
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     """Cutting and scheduling."""
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)

@@ -14,6 +14,8 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING
 
+from .data_files import check_data_config
+
 if TYPE_CHECKING:
     from .config import PipelineConfig, RunConfig
 
@@ -69,6 +71,7 @@ def validate(config: RunConfig) -> RunConfig:
             f"model.vocab_size {config.model.vocab_size} is too small for data.num_symbols "
             f"{config.data.num_symbols}; make it at least {config.data.num_symbols + 3}"
         )
+    check_data_config(config)  # data_files: the data.* fields, model.dtype, train.eval_every
     return config
 
 
