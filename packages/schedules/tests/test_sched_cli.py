@@ -36,7 +36,8 @@ def test_show_prints_grid_timeline_and_summary_and_writes_files(capsys, tmp_path
               "--csv", str(csv), "--trace", str(trace))
     assert "worker 3:" in out and "3B7" in out  # the grid
     rows = [line for line in out.splitlines() if line.startswith("rank ")]
-    assert len(rows) == 4 and all(len(r) == len("rank 0 ") + 60 for r in rows)
+    # two bands of 60 columns (each F keeps room for its label): the 4 ranks twice
+    assert len(rows) == 8 and all(len(r) == len("rank 0 ") + 60 for r in rows)
     assert "makespan" in out and "peak memory 4 M_B" in out
     assert Schedule.from_csv(csv) == generate("1f1b", num_ranks=4, num_microbatches=8)
     assert json.loads(trace.read_text())["traceEvents"]

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from bubbleless_schedules import Action, Costs, Kind, Schedule, Span, Timeline, generate, simulate
-from bubbleless_schedules.timeline_text import IDLE, render_timeline
+from bubbleless_schedules.timeline_text import IDLE, LEGEND, MAX_BANDS, render_timeline
 from bubbleless_schedules.trace import trace_events, write_trace
 
 
@@ -17,23 +17,52 @@ def timeline():
     return simulate(generate("1f1b", num_ranks=4, num_microbatches=6), Costs(1.0, 2.0, 1.0, 0.25))
 
 
-def test_text_timeline_has_one_row_per_worker_of_the_given_width(timeline):
+def test_text_timeline_of_a_small_schedule():
+    """Each action is its label and blanks up to its end; idle is dots; a ruler and the legend below."""
+    small = simulate(generate("1f1b", num_ranks=2, num_microbatches=3), Costs(1.0, 1.0, 1.0, 0.0))
+    assert render_timeline(small, 48) == (
+        "rank 0 F0  F1  ........B0      F2  B1      ....B2      \n"
+        "rank 1 ....F0  B0      F1  B1      F2  B2      ........\n"
+        "       |         |         |         |         |      |\n"
+        "       0         2.5       5         7.5       10    12\n"
+        f"{LEGEND}   (1 column = 0.25 time units)"
+    )
+
+
+def test_text_timeline_rows_read_as_the_workers_actions_in_order():
+    """Stages shown when a rank holds two (zbv); the words of a row are its actions, nothing run together."""
+    zbv = simulate(generate("zbv", num_ranks=4, num_microbatches=6))
+    rows = render_timeline(zbv, 200, legend=False).splitlines()[:4]
+    assert rows[0].startswith("rank 0 0F0 ") and "7F0" in rows[0]
+    for worker, row in enumerate(rows):
+        words = row[len("rank 0 "):].replace(IDLE, " ").split()
+        assert words == [str(a) for a in zbv.schedule.actions[worker]]
+
+
+def test_text_timeline_continues_in_bands_of_the_given_width(timeline):
+    """Too many actions for the width at a readable scale: full bands of ``width`` columns, a ruler each."""
     lines = render_timeline(timeline, 72).splitlines()
-    rows = lines[:4]
-    assert [r.split()[0] + " " + r.split()[1] for r in rows] == [f"rank {w}" for w in range(4)]
-    assert all(len(r) == len("rank 0 ") + 72 for r in rows)
+    bands = "\n".join(lines[:-1]).split("\n\n")
+    assert len(bands) == 2
+    for band in bands:
+        rows = band.splitlines()[:4]
+        assert [r[:len("rank 0")] for r in rows] == [f"rank {w}" for w in range(4)]
+        assert all(len(r) == len("rank 0 ") + 72 for r in rows)
+        assert band.splitlines()[4].strip().startswith("|")  # its ruler
+    assert bands[0].splitlines()[5].split()[0] == "0" and bands[1].splitlines()[5].split()[-1] == "39"
     assert "1 column =" in lines[-1] and "idle" in lines[-1]
-    assert len(lines) == 4 + 2 + 1  # rows, ruler (ticks and times), legend
+    # the shortest action (F, 1 unit) still has room for its label and a blank
+    assert float(lines[-1].split("1 column = ")[1].split()[0]) <= 1.0 / 3
 
 
 def test_text_timeline_draws_labels_over_spans_and_idle_as_dots(timeline):
-    rows = [r[len("rank 0 "):] for r in render_timeline(timeline, 120, legend=False).splitlines()[:4]]
-    assert rows[0].startswith("F0")  # rank 0 starts at once
+    rows = [r[len("rank 0 "):] for r in render_timeline(timeline, 150, legend=False).splitlines()[:4]]
+    assert rows[0].startswith("F0 ")  # rank 0 starts at once
     assert rows[3].startswith(IDLE)  # the last rank waits for the first forward to arrive
     for mb in range(6):
-        assert all(f"F{mb}" in row and f"B{mb}" in row for row in rows)
+        assert all(f"F{mb} " in row and f"B{mb} " in row for row in rows)
     # Idle columns match the simulated idle time of each rank to within rounding of the scale.
-    scale = timeline.makespan / 120
+    scale = timeline.makespan / 150
     for w, row in enumerate(rows):
         idle = timeline.makespan - timeline.busy(w)
         assert abs(row.count(IDLE) * scale - idle) <= 2 * scale * (1 + len(timeline.per_worker[w]) / 4)
@@ -46,7 +75,18 @@ def test_text_timeline_of_a_measured_timeline_with_an_offset():
     spans = (Span(0, Action(0, Kind.F, 0), 1000.0, 1001.0), Span(0, Action(0, Kind.B, 0), 1002.0, 1004.0))
     measured = Timeline(schedule, spans, (1.0,))
     row = render_timeline(measured, 20, legend=False).splitlines()[0][len("rank 0 "):]
-    assert row == "F0fff.....B0bbbbbbbb"
+    assert row == "F0   .....B0        "
+
+
+def test_text_timeline_of_tiny_actions_keeps_a_letter_for_each():
+    """A microsecond beside seconds: past MAX_BANDS the scale coarsens, and the short action stays a letter."""
+    schedule = Schedule([[Action(0, Kind.F, 0), Action(0, Kind.B, 0)]], num_stages=1, num_microbatches=1,
+                        stage_to_rank=(0,), name="one")
+    spans = (Span(0, Action(0, Kind.F, 0), 0.0, 1e-6), Span(0, Action(0, Kind.B, 0), 1.0, 2.0))
+    lines = render_timeline(Timeline(schedule, spans, (1.0,)), 10, legend=False).splitlines()
+    rows = [line[len("rank 0 "):] for line in lines if line.startswith("rank 0")]
+    assert len(rows) == MAX_BANDS
+    assert rows[0].startswith("F" + IDLE) and rows[-1].rstrip().endswith("B0")
 
 
 def test_text_timeline_refuses_a_tiny_width(timeline):
