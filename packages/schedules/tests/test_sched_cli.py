@@ -71,7 +71,7 @@ def test_compare_ranks_best_first_and_lists_refusals(capsys):
         (["compare", "-p", "2", "-m", "x"], "must be a whole number of at least 1"),
         (["show", "1f1b", "-p", "2", "-m", "2", "--costs", "1,2"], "--costs takes F,I,W or F,I,W,C"),
         (["show", "gpipe", "-p", "2", "-m", "4", "--memory-limit", "2"], "raise the limit to at least 4"),
-        (["show", "1f1b", "-p", "2", "-m", "2", "--memory-limit", "-1"], "must be positive"),
+        (["show", "1f1b", "-p", "2", "-m", "2", "--memory-limit", "-1"], "must be a positive number"),
         (["frobnicate"], "invalid choice"),
         ([], "required"),
     ],

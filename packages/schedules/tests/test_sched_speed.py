@@ -135,7 +135,9 @@ def test_simulate_equals_the_per_action_reference(seed):
         return [(s.worker, s.action, s.start, s.end) for s in timeline.spans], timeline.peak_memory
 
     got, want = outcome(fast), outcome(lambda: reference_run(schedule, costs))
-    if isinstance(want, tuple) and want and want[0] == "ValueError":
+    if layout_of(schedule).missing(schedule):  # simulate refuses part of a schedule; the reference runs it
+        assert isinstance(got, tuple) and got[0] == "ValueError" and "incomplete schedule" in got[1], got
+    elif isinstance(want, tuple) and want and want[0] == "ValueError":
         assert isinstance(got, tuple) and got[0] == "ValueError"  # the same refusal (messages differ in detail)
     else:
         assert got == want

@@ -5,7 +5,9 @@
     bubbleless-schedules list
 
 Bad input (an unknown name, a shape a schedule cannot run, malformed costs) exits with status 2 and
-the ValueError's text, the way argparse reports its own errors.
+the ValueError's text, the way argparse reports its own errors. ``show`` and ``compare`` draw shapes up to
+``MAX_RANKS`` ranks and ``MAX_RANK_MICROBATCHES`` ranks x micro-batches (a few seconds to generate and a
+grid a terminal can show); a larger shape is refused saying so: call ``generate`` from Python for it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,19 @@ from .simulate import Timeline, simulate
 from .timeline_text import render_timeline
 
 PROG = "bubbleless-schedules"
+MAX_RANKS = 256
+MAX_RANK_MICROBATCHES = 32_768
+"""The largest shape ``show`` and ``compare`` take: zb at p=64 m=512 (32,768) generates in about 3 s here."""
+
+
+def _check_size(args: argparse.Namespace) -> None:
+    size = args.ranks * args.microbatches
+    if args.ranks > MAX_RANKS or size > MAX_RANK_MICROBATCHES:
+        raise ValueError(
+            f"-p {args.ranks} -m {args.microbatches} is larger than this command draws (at most {MAX_RANKS} ranks "
+            f"and {MAX_RANK_MICROBATCHES:,} ranks x micro-batches, here {size:,}); use fewer, or call "
+            f"bubbleless_schedules.generate from Python for a shape this large"
+        )
 
 
 def _costs(text: str) -> Costs:
@@ -46,7 +61,7 @@ def _shape_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--costs", type=_costs, default=None, metavar="F,I,W[,C]",
                         help="per-rank costs of forward, input-grad, weight-grad (and comm); default unit costs")
     parser.add_argument("--memory-limit", type=float, default=None, metavar="M_B",
-                        help="activation memory limit per rank, in M_B (one micro-batch on one rank's share)")
+                        help="activation memory limit per rank, in M_B (one micro-batch on one rank's share; inf: none)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,6 +93,7 @@ def _summary_line(timeline: Timeline) -> str:
 
 
 def run_show(args: argparse.Namespace) -> None:
+    _check_size(args)
     schedule = generate(args.name, num_ranks=args.ranks, num_microbatches=args.microbatches,
                         costs=args.costs, memory_limit=args.memory_limit)
     timeline = simulate(schedule, args.costs)
@@ -120,6 +136,7 @@ def compare_rows(num_ranks: int, num_microbatches: int, costs: Costs | None, mem
 
 
 def run_compare(args: argparse.Namespace) -> None:
+    _check_size(args)
     ran, refused = compare_rows(args.ranks, args.microbatches, args.costs, args.memory_limit)
     limit = "none" if args.memory_limit is None else f"{args.memory_limit:g} M_B"
     costs = args.costs or Costs.unit()

@@ -9,6 +9,7 @@ per stage and are used as given.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from statistics import median
@@ -24,8 +25,8 @@ def _check_field(name: str, value: PerStage) -> None:
     if isinstance(value, Sequence) and not values:
         raise ValueError(f"Costs.{name} is an empty sequence: give one value per stage, or a single number")
     for item in values:
-        if not isinstance(item, (int, float)) or item != item or item < 0:
-            raise ValueError(f"Costs.{name} must be non-negative numbers, got {value!r}")
+        if isinstance(item, bool) or not isinstance(item, (int, float)) or not math.isfinite(item) or item < 0:
+            raise ValueError(f"Costs.{name} must be finite non-negative numbers, got {value!r}")
 
 
 # kind -> (the cost fields it adds up, whether a per-rank number is split over the rank's v stages)
@@ -90,7 +91,10 @@ class Costs:
             values = []
         if len(values) not in (3, 4):
             raise ValueError(f"--costs takes F,I,W or F,I,W,C as numbers (e.g. 18.5,18.1,9.3,0.6), got {text!r}")
-        return cls(*values)
+        try:
+            return cls(*values)
+        except ValueError as exc:  # inf or nan parse as floats; say which flag held them
+            raise ValueError(f"--costs {text!r}: {exc}; give finite numbers, e.g. 18.5,18.1,9.3,0.6") from None
 
     @property
     def heterogeneous(self) -> bool:

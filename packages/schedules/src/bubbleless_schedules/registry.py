@@ -13,11 +13,12 @@ returns, ``generate`` validates the schedule and checks the memory limit, so no 
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable
 
 from .costs import Costs
 from .schedule import Schedule
-from .simulate import peak_memory, simulate
+from .simulate import check_costs, peak_memory, simulate
 from .validate import validate
 
 Generator = Callable[..., Schedule]
@@ -79,18 +80,22 @@ def generate(
     """Build the schedule ``name`` for ``num_ranks`` ranks and ``num_microbatches`` micro-batches.
 
     ``costs`` (default: unit costs) steer cost-aware generators; ``memory_limit`` (in M_B, the
-    activations of one micro-batch on one rank's share) bounds every rank's peak. Raises ``ValueError``
-    saying what to change when the name is unknown, the shape is unsupported or the limit cannot be met.
+    activations of one micro-batch on one rank's share) bounds every rank's peak (``inf`` or None: no
+    limit). Raises ``ValueError`` saying what to change when the name is unknown, the shape is unsupported or the limit cannot be met.
     """
     name = canonical_name(name)
     fn = _GENERATORS[name]
     _check_int("num_ranks", num_ranks, 1)
     _check_int("num_microbatches", num_microbatches, 1)
-    if memory_limit is not None and not memory_limit > 0:
-        raise ValueError(f"memory_limit is in M_B and must be positive, got {memory_limit!r}")
+    if memory_limit is not None and (
+        isinstance(memory_limit, bool) or not isinstance(memory_limit, (int, float)) or not memory_limit > 0
+    ):
+        raise ValueError(f"memory_limit is in M_B and must be a positive number (inf or None: no limit), got "
+                         f"{memory_limit!r}")
+    if memory_limit == math.inf:
+        memory_limit = None  # no limit; generators do arithmetic on a finite one
     costs = Costs.unit() if costs is None else costs
-    if not isinstance(costs, Costs):
-        raise ValueError(f"costs must be a bubbleless_schedules.Costs, got {type(costs).__name__}")
+    check_costs(costs)
     input_grad_frees = options.get("input_grad_frees", 0.0)
     if not isinstance(input_grad_frees, (int, float)) or not 0.0 <= input_grad_frees <= 1.0:
         raise ValueError(f"input_grad_frees is a fraction within [0, 1], got {input_grad_frees!r}")

@@ -136,9 +136,16 @@ class Schedule:
 
     @classmethod
     def from_csv(cls, source: str | Path) -> Schedule:
-        """Read CSV text, or a path to a CSV file."""
+        """Read CSV text, or a path to a CSV file (a one-line string that is not a header is a path)."""
         text = source
-        if isinstance(source, Path) or (isinstance(source, str) and "\n" not in source and Path(source).is_file()):
+        if isinstance(source, Path) or (isinstance(source, str) and source and "\n" not in source
+                                        and not source.startswith(HEADER)):
+            if not Path(source).is_file():
+                raise ValueError(
+                    f"schedule CSV file {str(source)!r} does not exist"
+                    + (" (it is a directory)" if Path(source).is_dir() else "")
+                    + "; give the path of a file written by Schedule.to_csv, or the CSV text itself"
+                )
             text = Path(source).read_text()
         lines = text.splitlines()
         if not lines or not lines[0].startswith(HEADER):

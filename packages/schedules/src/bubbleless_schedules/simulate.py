@@ -133,7 +133,9 @@ def simulate(schedule: Schedule, costs: Costs | None = None, *, input_grad_frees
     """
     if not 0.0 <= input_grad_frees <= 1.0:
         raise ValueError(f"input_grad_frees must be within [0, 1], got {input_grad_frees}")
-    costs = costs or Costs.unit()
+    costs = Costs.unit() if costs is None else costs
+    check_costs(costs)
+    require_complete(schedule, "simulate")
     runs = run_order(schedule, costs)
     workers = schedule.actions
     spans = tuple([Span(w, workers[w][i], start, end) for w, i, start, end in runs])
@@ -196,6 +198,26 @@ def run_order(schedule: Schedule, costs: Costs) -> list[tuple[int, int, float, f
         )
         raise ValueError(_render_error(schedule, stuck, f"deadlock: {detail}"))
     return runs
+
+
+def check_costs(costs) -> None:
+    """ValueError unless ``costs`` is a ``Costs`` (a tuple's order of fields would be a guess)."""
+    if not isinstance(costs, Costs):
+        raise ValueError(
+            f"costs must be a bubbleless_schedules.Costs, got {type(costs).__name__} {costs!r}; pass "
+            f"Costs(forward, backward_input, backward_weight, comm), e.g. Costs(1.0, 1.0, 1.0)"
+        )
+
+
+def require_complete(schedule: Schedule, caller: str) -> None:
+    """ValueError naming the missing actions when a stage or micro-batch lacks what its layout needs: a
+    makespan of part of a schedule would be a silent wrong answer."""
+    problems = layout_of(schedule).missing(schedule)
+    if problems:
+        shown = "\n  ".join(problems[:10]) + (f"\n  ... and {len(problems) - 10} more" if len(problems) > 10 else "")
+        raise ValueError(_render_error(
+            schedule, [], f"incomplete schedule ({caller} needs every action; add the missing ones):\n  {shown}"
+        ))
 
 
 def _first_missing(events, happened) -> str:

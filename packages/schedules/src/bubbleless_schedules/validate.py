@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from .action import STAGE_KINDS
 from .costs import Costs
-from .layouts import layout_of
 from .schedule import Schedule
-from .simulate import _render_error, run_order
+from .simulate import _render_error, require_complete, run_order
 
 
 def validate(schedule: Schedule) -> Schedule:
@@ -39,10 +38,7 @@ def validate(schedule: Schedule) -> Schedule:
                 problem = _action_problem(schedule, worker, action)
                 if problem:
                     raise ValueError(_render_error(schedule, [(worker, position)], problem))
-    problems = layout_of(schedule).missing(schedule)
-    if problems:
-        shown = "\n  ".join(problems[:10]) + (f"\n  ... and {len(problems) - 10} more" if len(problems) > 10 else "")
-        raise ValueError(_render_error(schedule, [], f"incomplete schedule:\n  {shown}"))
+    require_complete(schedule, "validate")
     run_order(schedule, Costs.unit())  # raises on deadlock; the timeline itself is not needed here
     return schedule
 
