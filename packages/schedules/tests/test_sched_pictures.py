@@ -152,3 +152,42 @@ def test_importing_the_package_does_not_import_matplotlib():
     code = "import sys, bubbleless_schedules.plot, bubbleless_schedules.cli; print('matplotlib' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "False", done.stderr
+
+
+def test_png_legend_names_a_shade_per_chunk_and_the_axis_its_unit():
+    pytest.importorskip("matplotlib", reason="the [plot] extra is not installed")
+    from matplotlib.colors import to_rgb
+
+    from bubbleless_schedules.plot import plot_timeline
+
+    zbv = simulate(generate("zbv", num_ranks=2, num_microbatches=4))
+    axes = plot_timeline(zbv).axes[0]  # built, not written
+    legend = axes.get_legend()
+    labels = [t.get_text() for t in legend.get_texts()]
+    assert labels == [f"{kind}, chunk {c}" for kind in ("F forward", "I input-grad", "W weight-grad") for c in (0, 1)]
+    down, back = (to_rgb(patch.get_facecolor()) for patch in legend.get_patches()[:2])
+    assert sum(back) > sum(down)  # the second chunk (the way back up the V) is the lighter shade
+    drawn = {tuple(round(c, 6) for c in to_rgb(bar.get_facecolor()[0])) for bar in axes.collections}
+    assert {tuple(round(c, 6) for c in to_rgb(p.get_facecolor())) for p in legend.get_patches()} == drawn
+    assert axes.get_xlabel() == "time (cost units)"
+
+
+def test_png_one_stage_per_rank_has_plain_kind_names(timeline):
+    pytest.importorskip("matplotlib", reason="the [plot] extra is not installed")
+    from bubbleless_schedules.plot import plot_timeline
+
+    axes = plot_timeline(timeline, time_unit="s").axes[0]
+    assert [t.get_text() for t in axes.get_legend().get_texts()] == ["F forward", "B full backward"]
+    assert axes.get_xlabel() == "time (s)" and axes.get_xlim() == (0, timeline.makespan)
+
+
+def test_png_of_a_measured_run_under_a_second_is_in_ms():
+    pytest.importorskip("matplotlib", reason="the [plot] extra is not installed")
+    from bubbleless_schedules.plot import plot_timeline
+
+    schedule = Schedule([[Action(0, Kind.F, 0), Action(0, Kind.B, 0)]], num_stages=1, num_microbatches=1,
+                        stage_to_rank=(0,), name="one")
+    spans = (Span(0, Action(0, Kind.F, 0), 5.0, 5.02), Span(0, Action(0, Kind.B, 0), 5.02, 5.06))
+    axes = plot_timeline(Timeline(schedule, spans, (1.0,)), time_unit="s").axes[0]
+    assert axes.get_xlabel() == "time (ms)"
+    assert axes.get_xlim() == pytest.approx((0, 60.0))

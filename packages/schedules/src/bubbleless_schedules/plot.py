@@ -64,6 +64,42 @@ compute boxes (and, once transfers overlap compute on their own streams, would h
 MIN_TRANSFER_PIXELS = 2.0
 
 
+def chunk_of(timeline: Timeline, worker: int, stage: int) -> tuple[int, int]:
+    """(chunk, chunks): which of its worker's stages ``stage`` is (0 the first, e.g. the way down a V) and
+    how many the worker holds; (0, 1) for a round-robin pool, whose devices hold no stage for good."""
+    stages = timeline.schedule.stages_of(worker)
+    return (stages.index(stage) if stage in stages else 0), max(1, len(stages))
+
+
+def legend_entries(timeline: Timeline) -> list[tuple[str, tuple[float, float, float]]]:
+    """(label, colour) per shade drawn: a kind's name, with ``, chunk N`` for each chunk when a worker
+    holds several stages (the later chunk lighter), in kind then chunk order."""
+    used: dict[Kind, set[tuple[int, int]]] = {}
+    for span in timeline.spans:
+        if span.end > span.start:
+            used.setdefault(span.action.kind, set()).add(chunk_of(timeline, span.worker, span.action.stage))
+    several = any(chunks > 1 for pairs in used.values() for _, chunks in pairs)
+    entries = []
+    for kind in sorted(used, key=list(Kind).index):
+        name, colour = KIND_NAMES.get(kind, kind.value), KIND_COLOURS.get(kind, OTHER_COLOUR)
+        for chunk, chunks in sorted(used[kind]):
+            label = f"{name}, chunk {chunk}" if several else name
+            entry = (label, _shade(colour, chunk, chunks))
+            if entry not in entries:
+                entries.append(entry)
+    return entries
+
+
+def time_axis(time_unit: str | None, makespan: float) -> tuple[float, str]:
+    """(factor the times are drawn multiplied by, the axis label). None: simulated cost units; ``s``: a
+    measured timeline, drawn in ms when it is shorter than a second."""
+    if time_unit is None:
+        return 1.0, "time (cost units)"
+    if time_unit == "s" and makespan < 1.0:
+        return 1000.0, "time (ms)"
+    return 1.0, f"time ({time_unit})"
+
+
 def plot_timeline(timeline: Timeline, path: str | Path | None = None, *, dpi: int = 120, title: str | None = None,
                   time_unit: str | None = None):
     """Draw ``timeline`` as a Gantt chart; write a PNG to ``path`` when given. Returns the Figure.
@@ -71,8 +107,10 @@ def plot_timeline(timeline: Timeline, path: str | Path | None = None, *, dpi: in
     One row per worker (``rank N`` for stage-bound schedules, ``device N`` for a round-robin pool), one
     box per action coloured by kind with its micro-batch number inside (when the box is wide enough),
     title with makespan, both bubble rates and peak memory. LOAD and STORE go in a thin lane at the
-    bottom of their row (see ``TRANSFER_KINDS``). ``time_unit`` labels the time axis ("s" for a
-    measured timeline; None: unlabelled units, as simulated costs are).
+    bottom of their row (see ``TRANSFER_KINDS``). ``time_unit`` is the unit of the spans' times, on the
+    axis label ("s" for a measured timeline, drawn in ms under a second; None: "cost units", as
+    simulated costs are). The legend names each shade: a kind per chunk when workers hold several
+    stages (``legend_entries``).
     """
     Figure, FigureCanvasAgg, Patch = _import_matplotlib()
     schedule = timeline.schedule
@@ -80,6 +118,8 @@ def plot_timeline(timeline: Timeline, path: str | Path | None = None, *, dpi: in
     timed = [s for s in timeline.spans if s.end > s.start]
     origin = min((s.start for s in timed), default=0.0)
     makespan = max((s.end for s in timed), default=1.0) - origin or 1.0
+    factor, axis_label = time_axis(time_unit, makespan)
+    makespan *= factor
 
     width_inches = min(40.0, max(8.0, 0.12 * max((len(r) for r in schedule.actions), default=1)))
     figure = Figure(figsize=(width_inches, 0.5 * workers + 1.6), dpi=dpi)
@@ -92,10 +132,9 @@ def plot_timeline(timeline: Timeline, path: str | Path | None = None, *, dpi: in
     compute_height = 0.6 if lane else 0.8
     for span in sorted(timed, key=lambda s: s.action.kind in TRANSFER_KINDS):  # transfers drawn last
         action = span.action
-        stages = schedule.stages_of(span.worker)
-        chunk = stages.index(action.stage) if action.stage in stages else 0
-        colour = _shade(KIND_COLOURS.get(action.kind, OTHER_COLOUR), chunk, len(stages))
-        left, length = span.start - origin, span.end - span.start
+        chunk, chunks = chunk_of(timeline, span.worker, action.stage)
+        colour = _shade(KIND_COLOURS.get(action.kind, OTHER_COLOUR), chunk, chunks)
+        left, length = (span.start - origin) * factor, (span.end - span.start) * factor
         if action.kind in TRANSFER_KINDS:
             axes.broken_barh([(left, max(length, min_transfer))], (span.worker + 0.22, 0.18), facecolors=[colour],
                              edgecolors="none")
@@ -111,10 +150,9 @@ def plot_timeline(timeline: Timeline, path: str | Path | None = None, *, dpi: in
     noun = "rank" if schedule.stage_to_rank is not None else "device"
     axes.set_yticks(range(workers))
     axes.set_yticklabels([f"{noun} {w}" for w in range(workers)])
-    axes.set_xlabel("time" if time_unit is None else f"time ({time_unit})")
+    axes.set_xlabel(axis_label)
     axes.set_title(title or chart_title(timeline), fontsize=9)
-    kinds = sorted({s.action.kind for s in timed}, key=list(Kind).index)
-    handles = [Patch(facecolor=KIND_COLOURS.get(k, OTHER_COLOUR), label=KIND_NAMES.get(k, k.value)) for k in kinds]
+    handles = [Patch(facecolor=colour, label=label) for label, colour in legend_entries(timeline)]
     axes.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, frameon=False)
     figure.tight_layout()
     if path is not None:
