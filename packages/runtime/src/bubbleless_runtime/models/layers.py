@@ -10,9 +10,16 @@ micro-batching along dim 0 splits the stats with the tokens.
 
 Rotary embeddings and the causal mask are recomputed inside each decoder wrapper from the sequence
 length: they are cheap, and recomputing them keeps the activation crossing a stage boundary small.
-Only the causal mask is built: there is no padding mask. Right-pad variable-length samples and set their
-padded labels to -100 (the loss ignores them; causal attention never lets a real token see the padding
-after it); the MoE router statistics do count padded tokens.
+
+Packed and padded batches: the first layer also takes ``(input_ids, segments)``, ``segments`` an int64
+``(batch, seq)`` tensor numbering the documents of each row from 1, with 0 for padding
+(``data_packing``; for one document per row it is Hugging Face's ``attention_mask``). ``segments`` then
+travels last in the activation tuple (``(hidden, segments)``, ``(hidden, router_stats, segments)``), to
+every stage with the hidden states (it carries no gradient), and each decoder layer builds from it the
+per-document causal mask (a token attends to earlier tokens of its own document only) and position ids
+that restart at 0 with each document: what Hugging Face computes for the same batch given its
+attention mask or restarting position ids. Without ``segments`` only the causal mask is built. The MoE
+router statistics count padded tokens too.
 The wrappers hold references to the Hugging Face modules (no copies), so the parameter names of the
 original model, and LoRA adapters injected by peft before or after the cut, stay valid.
 """
@@ -23,20 +30,46 @@ import torch
 from torch import nn
 
 
+def unpack(activation):
+    """(hidden, router stats or None, segments or None) of an activation between layers."""
+    if not isinstance(activation, tuple):
+        return activation, None, None
+    hidden, *rest = activation
+    segments = rest.pop() if rest and not rest[-1].is_floating_point() else None
+    return hidden, (rest[0] if rest else None), segments
+
+
+def repack(hidden, stats, segments):
+    """The activation of (hidden, router stats or None, segments or None): a tensor when alone."""
+    parts = (hidden, *(t for t in (stats, segments) if t is not None))
+    return parts if len(parts) > 1 else hidden
+
+
+def positions_of(segments: torch.Tensor) -> torch.Tensor:
+    """Position ids restarting at 0 where each document (and the padding) of a row starts."""
+    index = torch.arange(segments.shape[-1], device=segments.device).expand_as(segments)
+    starts = torch.ones_like(segments, dtype=torch.bool)
+    starts[..., 1:] = segments[..., 1:] != segments[..., :-1]
+    first = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=-1).values
+    return index - first
+
+
 class EmbeddingLayer(nn.Module):
-    """Token ids ``(batch, seq)`` -> hidden states (plus zeroed router stats for MoE models)."""
+    """Token ids ``(batch, seq)``, or ``(input_ids, segments)`` -> hidden states (plus zeroed router stats
+    for MoE models, and the segments when given)."""
 
     def __init__(self, embed_tokens: nn.Embedding, *, num_experts: int = 0) -> None:
         super().__init__()
         self.embed_tokens = embed_tokens
         self.num_experts = num_experts
 
-    def forward(self, input_ids: torch.Tensor):
+    def forward(self, inputs):
+        input_ids, segments = inputs if isinstance(inputs, (tuple, list)) else (inputs, None)
         hidden = self.embed_tokens(input_ids)
-        if not self.num_experts:
-            return hidden
-        stats = hidden.new_zeros(input_ids.shape[0], 2, self.num_experts, dtype=torch.float32)
-        return hidden, stats
+        stats = None
+        if self.num_experts:
+            stats = hidden.new_zeros(input_ids.shape[0], 2, self.num_experts, dtype=torch.float32)
+        return repack(hidden, stats, segments)
 
 
 class DecoderLayer(nn.Module):
@@ -55,9 +88,8 @@ class DecoderLayer(nn.Module):
         self.top_k = getattr(config, "num_experts_per_tok", 0) or 0
 
     def forward(self, activation):
-        moe = isinstance(activation, tuple)
-        hidden, stats = activation if moe else (activation, None)
-        mask, position_embeddings, position_ids = self._attention_inputs(hidden)
+        hidden, stats, segments = unpack(activation)
+        mask, position_embeddings, position_ids = self._attention_inputs(hidden, segments)
         captured: list[torch.Tensor] = []
         handle = None
         if self.router is not None:
@@ -74,20 +106,30 @@ class DecoderLayer(nn.Module):
                 handle.remove()
         if isinstance(hidden, tuple):  # older transformers return (hidden_states, ...)
             hidden = hidden[0]
-        if not moe:
-            return hidden
-        for router_logits in captured:
-            stats = stats + self._router_stats(router_logits, hidden.shape[0])
-        return hidden, stats
+        if stats is not None:
+            for router_logits in captured:
+                stats = stats + self._router_stats(router_logits, hidden.shape[0])
+        return repack(hidden, stats, segments)
 
-    def _attention_inputs(self, hidden: torch.Tensor):
-        from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
-
-        positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
-        make_mask = create_sliding_window_causal_mask if self.sliding else create_causal_mask
-        mask = make_mask(
-            config=self.config, inputs_embeds=hidden, attention_mask=None, cache=None, position_ids=positions
+    def _attention_inputs(self, hidden: torch.Tensor, segments: torch.Tensor | None):
+        from transformers.masking_utils import (
+            create_causal_mask,
+            create_sliding_window_causal_mask,
+            packed_sequence_mask_function,
         )
+
+        make_mask = create_sliding_window_causal_mask if self.sliding else create_causal_mask
+        if segments is None:
+            positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
+            mask = make_mask(config=self.config, inputs_embeds=hidden, attention_mask=None, cache=None,
+                             position_ids=positions)
+        else:
+            positions = positions_of(segments)
+            # The mask is given the segments, not the restarting positions: from positions Hugging Face would
+            # detect the packing itself and then call every mask function with positions in place of token
+            # indices, which would look the segments up at the wrong tokens.
+            mask = make_mask(config=self.config, inputs_embeds=hidden, attention_mask=None, cache=None,
+                             position_ids=None, and_mask_function=packed_sequence_mask_function(segments))
         return mask, self.rotary_emb(hidden, positions), positions
 
     def _router_stats(self, router_logits: torch.Tensor, batch: int) -> torch.Tensor:
@@ -101,7 +143,7 @@ class DecoderLayer(nn.Module):
 
 
 class HeadLayer(nn.Module):
-    """Final norm + LM head: hidden states -> logits (router stats passed through for MoE)."""
+    """Final norm + LM head: hidden states -> logits (router stats passed through for MoE, segments dropped)."""
 
     def __init__(self, norm: nn.Module, lm_head: nn.Linear) -> None:
         super().__init__()
@@ -109,10 +151,9 @@ class HeadLayer(nn.Module):
         self.lm_head = lm_head
 
     def forward(self, activation):
-        if isinstance(activation, tuple):
-            hidden, stats = activation
-            return self.lm_head(self.norm(hidden)), stats
-        return self.lm_head(self.norm(activation))
+        hidden, stats, _segments = unpack(activation)  # the segments end here: the loss needs only labels
+        logits = self.lm_head(self.norm(hidden))
+        return logits if stats is None else (logits, stats)
 
 
 def _router_of(layer: nn.Module) -> nn.Module | None:

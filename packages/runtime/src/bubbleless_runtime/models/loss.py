@@ -55,16 +55,16 @@ class CausalLMLoss:
         backward before the next chunk starts, so the full logits never exist at once (RoundPipe's
         4,096-token chunks) and neither does their graph. Returns ``(loss, grads)``: the loss as
         ``scale * self(head(activation), labels)`` would give it (detached), and the gradients of the
-        loss with respect to ``activation``'s tensors (a tuple, in order), ready to continue the
+        loss with respect to ``activation``'s floating-point tensors (a tuple, in order), ready to continue the
         backward through the layers before the head. The head's parameter gradients accumulate as a
         plain backward would leave them. None when ``head`` is not a ``HeadLayer``.
         """
-        from .layers import HeadLayer
+        from .layers import HeadLayer, unpack
 
         if not isinstance(head, HeadLayer):
             return None
-        moe = isinstance(activation, tuple)
-        hidden, stats = activation if moe else (activation, None)
+        hidden, stats, _segments = unpack(activation)  # segments carry no gradient: none is returned for them
+        moe = stats is not None
         if hidden.shape[:2] != labels.shape:
             raise ValueError(
                 f"labels have shape {tuple(labels.shape)} but the hidden states have {tuple(hidden.shape[:2])}: "
