@@ -179,6 +179,7 @@ def test_png_one_stage_per_rank_has_plain_kind_names(timeline):
     axes = plot_timeline(timeline, time_unit="s").axes[0]
     assert [t.get_text() for t in axes.get_legend().get_texts()] == ["F forward", "B full backward"]
     assert axes.get_xlabel() == "time (s)" and axes.get_xlim() == (0, timeline.makespan)
+    assert f"makespan {timeline.makespan:.4g} s " in axes.get_title()
 
 
 def test_png_of_a_measured_run_under_a_second_is_in_ms():
@@ -191,3 +192,4 @@ def test_png_of_a_measured_run_under_a_second_is_in_ms():
     axes = plot_timeline(Timeline(schedule, spans, (1.0,)), time_unit="s").axes[0]
     assert axes.get_xlabel() == "time (ms)"
     assert axes.get_xlim() == pytest.approx((0, 60.0))
+    assert "makespan 60 ms" in axes.get_title()

@@ -48,11 +48,14 @@ def _shade(colour: str, chunk: int, chunks: int) -> tuple[float, float, float]:
     return tuple(c + (1 - c) * mix for c in rgb)
 
 
-def chart_title(timeline: Timeline) -> str:
+def chart_title(timeline: Timeline, time_unit: str | None = None) -> str:
+    """Name, shape, makespan (in the axis's unit, see ``time_axis``), bubble rates and peak memory."""
     s = timeline.schedule
+    factor, label = time_axis(time_unit, timeline.makespan)
+    unit = "" if time_unit is None else " " + label[len("time ("):-1]
     return (
         f"{s.name or 'schedule'}  p={s.num_workers} m={s.num_microbatches} stages={s.num_stages}   "
-        f"makespan {timeline.makespan:.4g}   bubble {timeline.bubble_rate:.1%} "
+        f"makespan {timeline.makespan * factor:.4g}{unit}   bubble {timeline.bubble_rate:.1%} "
         f"(in-span {timeline.span_bubble_rate:.1%})   peak memory {timeline.max_peak_memory:.3g} M_B"
     )
 
@@ -151,7 +154,7 @@ def plot_timeline(timeline: Timeline, path: str | Path | None = None, *, dpi: in
     axes.set_yticks(range(workers))
     axes.set_yticklabels([f"{noun} {w}" for w in range(workers)])
     axes.set_xlabel(axis_label)
-    axes.set_title(title or chart_title(timeline), fontsize=9)
+    axes.set_title(title or chart_title(timeline, time_unit), fontsize=9)
     handles = [Patch(facecolor=colour, label=label) for label, colour in legend_entries(timeline)]
     axes.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, frameon=False)
     figure.tight_layout()
