@@ -145,8 +145,9 @@ class Trainer:
         for _ in range(self.grad_accum):
             inputs, targets = data.batch(self.data_position)
             self.data_position += 1
-            tokens += inputs.numel()
-            with self._autocast(self.autocast_device or inputs.device.type):
+            ids = inputs[0] if isinstance(inputs, (tuple, list)) else inputs  # (input_ids, segments) of real data
+            tokens += ids.numel()
+            with self._autocast(self.autocast_device or ids.device.type):
                 loss = self.pipeline.step(inputs, targets)
             if loss is not None:
                 summed += float(loss)
