@@ -40,7 +40,10 @@ def test_train_reports_loss_bubbles_and_writes_png_trace_and_checkpoint(tmp_path
     assert "bubble rate   measured" in out and "simulator" in out
     assert (tmp_path / "out" / "timeline.png").stat().st_size > 1000
     assert (tmp_path / "out" / "timeline.trace.json").stat().st_size > 100
-    assert sorted(os.listdir(tmp_path / "out" / "checkpoint-12")) == ["rank00000.pt", "rank00001.pt"]
+    assert sorted(os.listdir(tmp_path / "out" / "checkpoint-12")) == [
+        "manifest.json", "rank00000.json", "rank00000.safetensors", "rank00001.json", "rank00001.safetensors"
+    ]
+    assert (tmp_path / "out" / "latest").read_text() == "checkpoint-12\n"
 
 
 @pytest.mark.slow

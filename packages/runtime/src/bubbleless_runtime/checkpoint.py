@@ -1,4 +1,6 @@
-"""Trainer checkpoints: one file per rank (``rank<global rank>.pt``) with everything that rank owns.
+"""Trainer checkpoints: per rank, ``rank<global rank>.safetensors`` (tensors) and ``.json`` (the rest)
+with everything that rank owns, plus a ``manifest.json``; written atomically and loaded without
+unpickling (``checkpoint_files``, ``checkpoint_state``).
 
 A checkpoint records the stage sizes its run was cut into. ``partition: auto`` profiles on every
 start, and a resumed run whose profile cuts elsewhere would hold other layers than the ones saved on
@@ -9,19 +11,23 @@ which cut to pin. A stage-bound cut is recorded as its list of stage sizes, a ro
 message can be pasted into the config.
 
 The round-robin pool runs in one process and its whole host state (the fp32 parameters the optimizer
-steps, the optimizer's state) is this one rank's, so its checkpoint is one ``rank00000.pt``.
+steps, the optimizer's state) is this one rank's, so its checkpoint is one ``rank00000`` pair.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import shutil
 
 import torch
+import torch.distributed as dist
 
 from bubbleless_schedules.roundrobin_layout import PoolGroups
 
-from .collectives import barrier, global_rank
+from . import checkpoint_files as files
+from . import checkpoint_state
+from .collectives import barrier, global_rank, is_distributed
 
 
 def capture(trainer) -> dict:
@@ -89,21 +95,70 @@ def restore(trainer, state: dict) -> None:
     trainer.step, trainer.data_position = state["step"], state["data_position"]
 
 
-def _path(directory: str | os.PathLike) -> str:
-    return os.path.join(directory, f"rank{global_rank():05d}.pt")
+def _name(rank: int) -> str:
+    return f"rank{rank:05d}"
 
 
-def save(state: dict, directory: str | os.PathLike, group) -> str:
-    """Write this rank's ``state`` under ``directory`` and wait for every rank of ``group`` (call on all)."""
-    os.makedirs(directory, exist_ok=True)
-    torch.save(state, _path(directory))
+def _world(group) -> int:
+    return dist.get_world_size(group) if is_distributed() else 1
+
+
+def save(state: dict, directory: str | os.PathLike, group, *, schedule=None, keep: int = 0) -> str:
+    """Write this rank's ``state`` into checkpoint ``directory`` (call on every rank of ``group``).
+
+    Atomic (``checkpoint_files``): the directory appears complete, with its manifest, or not at all.
+    ``schedule``: the ``Schedule`` the run executes, kept in the manifest so a resumed run can execute
+    the very same one. ``keep``: afterwards keep only the newest this many complete checkpoints of the
+    parent directory (0: all). Returns ``directory``."""
+    directory = os.path.abspath(os.fspath(directory))
+    partial = files.partial_path(directory)
+    rank, world = global_rank(), _world(group)
+    if rank == 0:
+        shutil.rmtree(partial, ignore_errors=True)  # left by a write that was killed
+        os.makedirs(partial)
     barrier(group)
-    return str(directory)
+    name = _name(rank)
+    checkpoint_state.write(state, os.path.join(partial, name + ".safetensors"), os.path.join(partial, name + ".json"))
+    mine = {n: files.file_record(os.path.join(partial, n)) for n in (name + ".safetensors", name + ".json")}
+    records = _gather(mine, group, world)
+    if rank == 0:
+        manifest = {
+            "step": state["step"], "world_size": world, "files": {k: v for r in records for k, v in r.items()},
+            "partition": state.get("partition"),
+            "schedule": None if schedule is None else {"name": schedule.name, "text": schedule.to_text()},
+        }
+        files.publish(partial, directory, manifest, keep=keep)
+    barrier(group)
+    return directory
+
+
+def _gather(mine: dict, group, world: int) -> list[dict]:
+    if world == 1:
+        return [mine]
+    everyone: list = [None] * world
+    dist.all_gather_object(everyone, mine, group=group)
+    return everyone
+
+
+def manifest_of(directory: str | os.PathLike) -> dict:
+    """A complete checkpoint's manifest (ValueError when incomplete or foreign, see ``checkpoint_files``)."""
+    return files.check_complete(os.fspath(directory))
 
 
 def load(directory: str | os.PathLike) -> dict:
-    """This rank's state from ``directory``; ValueError when the checkpoint has no file for this rank."""
-    path = _path(directory)
-    if not os.path.isfile(path):
-        raise ValueError(f"no checkpoint for this rank at {path}; resume with the rank count that saved it")
-    return torch.load(path, weights_only=False)
+    """This rank's state from ``directory``; ValueError when the checkpoint is incomplete, corrupt, or was
+    written by another number of ranks."""
+    directory = os.fspath(directory)
+    manifest = files.check_complete(directory)
+    rank, world = global_rank(), _world(None)
+    saved = manifest.get("world_size")
+    if saved != world:
+        raise ValueError(
+            f"checkpoint {directory} was written by {saved} ranks but this run has {world}: a rank's file holds "
+            f"its own stages, so resume with {saved} ranks (pipeline.nproc: {saved}, or torchrun "
+            f"--nproc-per-node {saved}) and the same schedule and partition"
+        )
+    name = _name(rank)
+    tensors = files.verify_file(directory, name + ".safetensors", manifest)
+    meta = files.verify_file(directory, name + ".json", manifest)
+    return checkpoint_state.read(tensors, meta)

@@ -25,6 +25,7 @@ from .launch import under_torchrun
 from .metrics import open_metrics
 from .report import RunResult, finish, pool_partition_effect, report
 from .roundrobin_config import ROUNDROBIN_CONFIG_YAML
+from .signals import RunInterrupted, StopRequest, deferred_stop, signal_name
 
 # --example NAME -> the embedded config it runs
 EXAMPLES: dict[str, str] = {"default": DEFAULT_CONFIG_YAML, "roundrobin": ROUNDROBIN_CONFIG_YAML}
@@ -95,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         if not args.print_config:  # before any process starts: the schedule, its shape and the partition
             num_ranks = int(os.environ["WORLD_SIZE"]) if under_torchrun() else config.pipeline.nproc
+            _check_reliability(config)
+            _reuse_checkpoint_cut(config)
             check_schedule(config, num_ranks=num_ranks)
             check_device(config)
     except ValueError as error:
@@ -105,17 +108,77 @@ def main(argv: list[str] | None = None) -> int:
 
         print(yaml.safe_dump(config_to_dict(config), sort_keys=False), end="")
         return 0
-    if pool:
-        run_pool(config)
-    elif under_torchrun():  # this process is one rank
-        run_rank(config)
-        _end_rank_process()
-    else:
-        launch(config)
+    from .launch import RankFailure
+
+    try:
+        if pool:
+            run_pool(config)
+        elif under_torchrun():  # this process is one rank
+            run_rank(config)
+            _end_rank_process()
+        else:
+            launch(config)
+    except RunInterrupted as stopped:  # SIGTERM or Ctrl-C: the message says what was saved
+        print(f"bubbleless: {stopped}", file=sys.stderr)
+        if under_torchrun():
+            _end_rank_process(stopped.exit_code)
+        return stopped.exit_code
+    except RankFailure as failure:  # a rank died or stalled: its traceback, if any, is in its own output
+        print(f"bubbleless: {failure}", file=sys.stderr)
+        return 1
     return 0
 
 
-def _end_rank_process() -> None:
+def _check_reliability(config: RunConfig) -> None:
+    """The timeouts and checkpoint settings, and ``train.resume`` resolved to a complete checkpoint."""
+    from . import checkpoint_files
+
+    p, t = config.pipeline, config.train
+    for key, value in (("pipeline.timeout", p.timeout), ("pipeline.first_step_timeout", p.first_step_timeout)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
+            raise ValueError(f"{key} is in seconds and must be positive, got {value!r}")
+    if isinstance(t.keep_checkpoints, bool) or not isinstance(t.keep_checkpoints, int) or t.keep_checkpoints < 0:
+        raise ValueError(f"train.keep_checkpoints must be 0 (keep all) or a positive count, got {t.keep_checkpoints!r}")
+    if t.resume:
+        t.resume = checkpoint_files.resolve(t.resume, t.output_dir)
+
+
+def _reuse_checkpoint_cut(config: RunConfig) -> None:
+    """Resuming ``partition: auto``: take the checkpoint's cut instead of profiling again, which may cut
+    elsewhere and would then be refused (``checkpoint.check_partition``); ``_resumed_schedule`` then
+    takes the schedule the checkpoint ran, generated for the profile it was cut by."""
+    p = config.pipeline
+    if not config.train.resume or p.partition != "auto":
+        return
+    from .checkpoint import manifest_of
+
+    cut = manifest_of(config.train.resume).get("partition")
+    if cut is not None:
+        p.partition, p.memory_cap = cut, None
+
+
+def _resumed_schedule(config: RunConfig):
+    """Resuming: the ``Schedule`` the checkpoint ran when it is the one configured and the cut is the
+    checkpoint's (``partition: auto`` may have generated it for its profile); else None: generate it."""
+    if not config.train.resume:
+        return None
+    from bubbleless_schedules import Schedule
+
+    from .checkpoint import manifest_of
+
+    manifest = manifest_of(config.train.resume)
+    saved = manifest.get("schedule")
+    if not saved or saved.get("name") != config.pipeline.schedule or manifest.get("partition") != config.pipeline.partition:
+        return None
+    return Schedule.from_text(saved["text"])
+
+
+def _first_step_timeout(config: RunConfig) -> float:
+    p = config.pipeline
+    return 4.0 * p.timeout if p.first_step_timeout is None else p.first_step_timeout
+
+
+def _end_rank_process(code: int = 0) -> None:
     """End a torchrun rank after a finished run without Python's interpreter finalization.
 
     ProcessGroupGloo's worker threads drop a finished collective (and the Python tensors it holds) a
@@ -123,10 +186,10 @@ def _end_rank_process() -> None:
     the worker dies taking the GIL and the process aborts: a core dump of such a rank shows
     ``AsyncAllgatherWork::~AsyncAllgatherWork`` -> ``take_gil`` -> ``pthread_exit`` -> ``std::terminate``.
     torchrun then reports a failed run after a successful one (about one run in 20 on a loaded 2-core
-    machine). Everything is written by now; flush and leave."""
+    machine). Everything is written by now; flush and leave with ``code``."""
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)
 
 
 def launch(config: RunConfig) -> None:
@@ -137,7 +200,9 @@ def launch(config: RunConfig) -> None:
         return
     from .launch import spawn
 
-    spawn(_spawned_rank, nproc, config, backend=config.pipeline.backend)
+    # the group's own timeout bounds blocking collectives (the Trainer's all-reduces) like the pipeline's
+    # transfers, so a stalled rank ends the run within pipeline.timeout wherever the others wait for it
+    spawn(_spawned_rank, nproc, config, backend=config.pipeline.backend, pg_timeout=config.pipeline.timeout)
 
 
 def _spawned_rank(rank: int, config: RunConfig) -> None:
@@ -157,7 +222,7 @@ def run_rank(config: RunConfig) -> RunResult:
 
     created = dist.is_available() and under_torchrun() and not dist.is_initialized()
     if created:  # torchrun: we join the group (and pick this process's GPU); under launch.spawn it exists
-        init_from_env(backend=config.pipeline.backend)
+        init_from_env(backend=config.pipeline.backend, timeout=config.pipeline.timeout)
     rank = dist.get_rank() if dist.is_initialized() else 0
     if under_torchrun():  # torchrun sets the world; pipeline.nproc is ignored (and reported as it ran)
         config.pipeline.nproc = dist.get_world_size()
@@ -165,7 +230,8 @@ def run_rank(config: RunConfig) -> RunResult:
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size() if dist.is_initialized() else 1))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
     try:
-        return _train(config, rank=rank)
+        with deferred_stop() as stop:
+            return _train(config, rank=rank, stop=stop)
     finally:
         if created and dist.is_initialized():
             dist.destroy_process_group()
@@ -182,7 +248,8 @@ def run_pool(config: RunConfig) -> RunResult:
         torch.set_num_threads(max(1, cpus // len(config.pipeline.devices)))
     else:  # the device threads mostly launch kernels; the host optimizer's CPU kernels get every core
         torch.set_num_threads(cpus)
-    return _train(config, rank=0)
+    with deferred_stop() as stop:
+        return _train(config, rank=0, stop=stop)
 
 
 def _device(config: RunConfig, rank: int):
@@ -246,8 +313,9 @@ def _build_model(config: RunConfig):
     return pipeline_model(model, aux_loss_coef=aux)
 
 
-def _stage_pipeline(config: RunConfig, piped, loss, sample_input, *, rank: int):
-    """The multi-process ``Pipeline``: this rank's stages on this rank's device."""
+def _stage_pipeline(config: RunConfig, piped, loss, sample_input, *, rank: int, schedule=None):
+    """The multi-process ``Pipeline``: this rank's stages on this rank's device (``schedule``: a
+    ``Schedule`` to run instead of generating ``pipeline.schedule``, e.g. a resumed checkpoint's)."""
     from .pipeline import Pipeline
 
     device = _device(config, rank)
@@ -255,7 +323,7 @@ def _stage_pipeline(config: RunConfig, piped, loss, sample_input, *, rank: int):
         layer.to(device)
     return Pipeline(
         piped.layers,
-        schedule=config.pipeline.schedule,
+        schedule=config.pipeline.schedule if schedule is None else schedule,
         num_microbatches=config.pipeline.num_microbatches,
         loss_fn=loss,
         partition=config.pipeline.partition,
@@ -263,6 +331,8 @@ def _stage_pipeline(config: RunConfig, piped, loss, sample_input, *, rank: int):
         sample_input=sample_input,
         memory_cap=config.pipeline.memory_cap,
         device=device,
+        timeout=config.pipeline.timeout,
+        first_step_timeout=_first_step_timeout(config),
         trace=True,  # the report reads last_timeline once, on every rank, after the last step
     )
 
@@ -287,7 +357,7 @@ def _pool_pipeline(config: RunConfig, piped, loss, sample_input):
     )
 
 
-def _train(config: RunConfig, *, rank: int) -> RunResult:
+def _train(config: RunConfig, *, rank: int, stop: StopRequest | None = None) -> RunResult:
     import torch
 
     from .data import SyntheticTask
@@ -306,7 +376,7 @@ def _train(config: RunConfig, *, rank: int) -> RunResult:
     if pool:
         pipeline = _pool_pipeline(config, piped, loss, sample_input)
     else:
-        pipeline = _stage_pipeline(config, piped, loss, sample_input, rank=rank)
+        pipeline = _stage_pipeline(config, piped, loss, sample_input, rank=rank, schedule=_resumed_schedule(config))
     # For the pool, pipeline.parameters() are the host-resident parameters, and the HostStore's fp32
     # masters are those very tensors when the weights are fp32 (always, for a model built from sizes;
     # precision is autocast). So this torch optimizer stepping them with its CPU kernels IS the CPU
@@ -350,14 +420,16 @@ def _train(config: RunConfig, *, rank: int) -> RunResult:
             bar.update(1)
         every = config.train.save_every
         if every and trainer.step % every == 0 and trainer.step < steps:
-            trainer.save(os.path.join(out, f"checkpoint-{trainer.step}"))
+            trainer.save(os.path.join(out, f"checkpoint-{trainer.step}"), keep=config.train.keep_checkpoints)
+        if stop is not None and (signum := stop.agreed(pipeline.group)):  # all ranks stop after one step
+            _stopped(config, trainer, signum, bar)
     if bar is not None:
         bar.close()
     if metrics is not None:
         metrics.close()
     checkpoint = None
     if config.train.checkpoint or config.train.save_every:
-        checkpoint = trainer.save(os.path.join(out, f"checkpoint-{trainer.step}"))
+        checkpoint = trainer.save(os.path.join(out, f"checkpoint-{trainer.step}"), keep=config.train.keep_checkpoints)
     adapter = _save_adapter(config, piped.model, pipeline)
     result = finish(rank, pipeline, losses, tokens / max(seconds, 1e-9), out, checkpoint, adapter, trainer.step)
     if rank == 0:
@@ -370,6 +442,19 @@ def _train(config: RunConfig, *, rank: int) -> RunResult:
         print(predicted_effect(pipeline.schedule, pipeline.profile, pipeline.partition,
                                baseline=pipeline.schedule_before_profile))
     return result
+
+
+def _stopped(config: RunConfig, trainer, signum: int, bar) -> None:
+    """A stop signal after this step: save a checkpoint when the run saves them, then RunInterrupted."""
+    if bar is not None:
+        bar.close()
+    step, steps = trainer.step, config.train.steps
+    where = "no checkpoint was saved (set train.checkpoint: true to save one when stopped)"
+    if config.train.checkpoint or config.train.save_every:
+        path = trainer.save(os.path.join(config.train.output_dir, f"checkpoint-{step}"),
+                            keep=config.train.keep_checkpoints)
+        where = f"checkpoint saved at {path}; continue with --resume latest"
+    raise RunInterrupted(f"stopped by {signal_name(signum)} after step {step} of {steps}: {where}", signum)
 
 
 def _progress(rank: int, *, total: int, initial: int):

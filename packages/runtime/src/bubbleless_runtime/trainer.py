@@ -223,12 +223,15 @@ class Trainer:
         """Restore ``state_dict()``; ValueError when it was cut differently or holds other parameters."""
         checkpoint.restore(self, state)
 
-    def save(self, directory: str | os.PathLike) -> str:
-        """Write ``directory/rank<global rank>.pt`` on every rank (call on all ranks)."""
-        return checkpoint.save(self.state_dict(), directory, self.group)
+    def save(self, directory: str | os.PathLike, *, keep: int = 0) -> str:
+        """Write checkpoint ``directory`` atomically, this rank's files and (rank 0) the manifest naming
+        the schedule run; call on all ranks. ``keep``: then keep only the newest this many complete
+        checkpoints beside it (0: all)."""
+        return checkpoint.save(self.state_dict(), directory, self.group,
+                               schedule=getattr(self.pipeline, "schedule", None), keep=keep)
 
     def load(self, directory: str | os.PathLike) -> None:
-        """Load this rank's file of a checkpoint written by ``save``."""
+        """Load this rank's files of a complete checkpoint written by ``save`` (checksums verified)."""
         self.load_state_dict(checkpoint.load(directory))
 
 
