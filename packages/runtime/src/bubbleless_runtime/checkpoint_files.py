@@ -12,7 +12,7 @@ Writing ``<parent>/checkpoint-12`` (``write_directory``, every rank together):
 A directory is complete when its manifest reads and every file it lists is there with its size
 (``check_complete``); loading also checks each file's sha256. A run killed at any moment leaves either
 the previous complete checkpoint or both; the ``.partial`` directory it may leave is never taken for a
-checkpoint and is removed by the next write. Multi-node runs need ``output_dir`` on a shared file system.
+checkpoint and is removed by the next write (old checkpoints, too, are renamed away before removal). Multi-node runs need ``output_dir`` on a shared file system.
 """
 
 from __future__ import annotations
@@ -157,9 +157,12 @@ def prune(parent: str, keep: int, *, protect: str) -> None:
     found = complete_checkpoints(parent)
     for _, path in found[:-keep]:
         if os.path.abspath(path) != os.path.abspath(protect):
-            shutil.rmtree(path, ignore_errors=True)
+            # renamed away first: a kill during the removal must not leave a half-deleted checkpoint-N
+            doomed = os.path.join(parent, f".{os.path.basename(path)}.deleting")
+            shutil.rmtree(doomed, ignore_errors=True)
+            os.rename(path, doomed)
     for name in os.listdir(parent):
-        if name.startswith(".checkpoint-") and (name.endswith(".partial") or name.endswith(".partial.old")):
+        if name.startswith(".checkpoint-") and name.endswith((".partial", ".partial.old", ".deleting")):
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
 
 
