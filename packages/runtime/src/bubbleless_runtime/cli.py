@@ -150,11 +150,12 @@ def _reuse_checkpoint_cut(config: RunConfig) -> None:
     p = config.pipeline
     if not config.train.resume or p.partition != "auto":
         return
-    from .checkpoint import manifest_of
+    from .checkpoint import cut_text, manifest_of
 
     cut = manifest_of(config.train.resume).get("partition")
     if cut is not None:
         p.partition, p.memory_cap = cut, None
+        print(f"resume: partition auto takes the checkpoint's cut {cut_text(cut)} (not profiled again)")
 
 
 def _resumed_schedule(config: RunConfig):
