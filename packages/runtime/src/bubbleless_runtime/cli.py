@@ -18,7 +18,8 @@ import sys
 from collections.abc import Callable
 
 from .config import ModelConfig, RunConfig, config_to_dict, load_config, validate
-from .config_checks import check_device, check_schedule, pool_groups_of, uses_pool
+from .config_checks import check_schedule, is_schedule_path, pool_groups_of, schedule_from_file, uses_pool
+from .config_runtime import check_before_run
 from .default_config import DEFAULT_CONFIG_YAML
 from .generate import add_generate_parser, run_generate
 from .launch import under_torchrun
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             _check_reliability(config)
             _reuse_checkpoint_cut(config)
             check_schedule(config, num_ranks=num_ranks)
-            check_device(config)
+            check_before_run(config, num_ranks=num_ranks)  # output_dir, GPU, LoRA targets, memory_cap
     except ValueError as error:
         print(f"bubbleless: {error}", file=sys.stderr)
         return 2
@@ -314,6 +315,12 @@ def _build_model(config: RunConfig):
     return pipeline_model(model, aux_loss_coef=aux)
 
 
+def _configured_schedule(config: RunConfig):
+    """``pipeline.schedule``: a name, or the ``Schedule`` read (and validated) from its CSV path."""
+    name = config.pipeline.schedule
+    return schedule_from_file(name) if is_schedule_path(name) else name
+
+
 def _stage_pipeline(config: RunConfig, piped, loss, sample_input, *, rank: int, schedule=None):
     """The multi-process ``Pipeline``: this rank's stages on this rank's device (``schedule``: a
     ``Schedule`` to run instead of generating ``pipeline.schedule``, e.g. a resumed checkpoint's)."""
@@ -324,7 +331,7 @@ def _stage_pipeline(config: RunConfig, piped, loss, sample_input, *, rank: int, 
         layer.to(device)
     return Pipeline(
         piped.layers,
-        schedule=config.pipeline.schedule if schedule is None else schedule,
+        schedule=_configured_schedule(config) if schedule is None else schedule,
         num_microbatches=config.pipeline.num_microbatches,
         loss_fn=loss,
         partition=config.pipeline.partition,

@@ -1,39 +1,48 @@
-"""Checks on a ``RunConfig`` that need no process: every bad value is a ``ValueError`` naming the field.
+"""Checks on a ``RunConfig`` that need no process and no torch: every bad value is a ``ValueError``
+naming the field.
 
-``validate`` runs when a config is loaded: the allowed names (read from the tables that implement
-them, so a new optimizer or architecture is one table entry), positive sizes, the schedule name, a
-partition list (or a round-robin cut) against the model's layer count, and which fields go with which
-kind of schedule (``pipeline.devices`` and the other pool fields with ``roundrobin`` only).
-``check_schedule`` generates the schedule for the rank count the run will have (pipeline.nproc, or
-torchrun's world size; for ``roundrobin`` the devices), so a schedule that cannot run on this pipeline
-or a partition with the wrong stage count fails before any process starts.
+``validate`` runs when a config is loaded: the allowed names, the ranges of the numbers
+(``config_ranges``), the schedule name (or CSV path), a partition list (or a round-robin cut) against
+the model's layer count, and which fields go with which kind of schedule (``pipeline.devices`` and the
+other pool fields with ``roundrobin`` only). ``check_schedule`` generates (or reads) the schedule for
+the rank count the run will have (pipeline.nproc, or torchrun's world size; for ``roundrobin`` the
+devices), so a schedule that cannot run on this pipeline or a partition with the wrong stage count fails
+before any process starts. The checks that need torch or the model (a visible GPU, LoRA targets, a
+memory cap against the parameters) are ``config_runtime``'s.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 from typing import TYPE_CHECKING
 
+from .config_ranges import check_ranges
 from .data_files import check_data_config
 
 if TYPE_CHECKING:
-    from .config import PipelineConfig, RunConfig
+    from bubbleless_schedules import Schedule
+
+    from .config_fields import PipelineConfig, RunConfig
 
 DEVICES = ("cpu", "cuda")
 BACKENDS = ("gloo", "nccl")
+# The names the implementing tables give meaning to (models.hf.ARCHITECTURES, data.TASKS,
+# trainer.OPTIMIZERS and trainer.AUTOCAST_DTYPES); written out here so that checking a config imports
+# no torch. test_rt_cli_config holds each equal to its table.
+ARCHITECTURES = ("qwen3", "llama", "qwen3_moe", "qwen2", "mistral")
+TASKS = ("copy", "reverse", "sort")
+OPTIMIZERS = ("adamw", "adam", "sgd")
+PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 def choices() -> dict[tuple[str, str], tuple[str, ...]]:
-    """(section, field) -> accepted values, from the tables that give each value its meaning."""
-    from .data import TASKS
-    from .models.hf import ARCHITECTURES
-    from .trainer import AUTOCAST_DTYPES, OPTIMIZERS
-
+    """(section, field) -> accepted values."""
     return {
-        ("model", "architecture"): tuple(ARCHITECTURES),
-        ("data", "task"): tuple(TASKS),
-        ("optimizer", "name"): tuple(OPTIMIZERS),
-        ("train", "precision"): tuple(AUTOCAST_DTYPES),
+        ("model", "architecture"): ARCHITECTURES,
+        ("data", "task"): TASKS,
+        ("optimizer", "name"): OPTIMIZERS,
+        ("train", "precision"): PRECISIONS,
         ("train", "device"): DEVICES,
         ("pipeline", "backend"): BACKENDS,
     }
@@ -54,6 +63,7 @@ def validate(config: RunConfig) -> RunConfig:
     for section, name in POSITIVE:
         if getattr(getattr(config, section), name) < 1:
             raise ValueError(f"{section}.{name} must be at least 1")
+    check_ranges(config)
     _validate_schedule_name(config.pipeline.schedule)
     if uses_pool(config.pipeline.schedule):
         _validate_pool(config)
@@ -81,9 +91,37 @@ def pipeline_layers(config: RunConfig) -> int | None:
     return None if config.model.path is not None else config.model.num_layers + 2
 
 
+def is_schedule_path(name: str) -> bool:
+    """``pipeline.schedule`` names a CSV file rather than a registered schedule."""
+    return name.endswith(".csv") or "/" in name or os.sep in name
+
+
+@functools.cache
+def _read_schedule(path: str, mtime: float) -> Schedule:
+    from bubbleless_schedules import Schedule, validate
+
+    try:
+        return validate(Schedule.from_csv(path))
+    except ValueError as error:
+        raise ValueError(f"pipeline.schedule {path!r}: {error}") from None
+
+
+def schedule_from_file(path: str) -> Schedule:
+    """The validated schedule of a ``pipeline.schedule`` CSV path (read again when the file changes)."""
+    if not os.path.isfile(path):
+        raise ValueError(
+            f"pipeline.schedule {path!r} is a path but no such file exists; give a CSV written by "
+            f"Schedule.to_csv (or `bubbleless-schedules show NAME -p P -m M --csv FILE`), or a schedule name"
+        )
+    return _read_schedule(path, os.path.getmtime(path))
+
+
 def _validate_schedule_name(name: str) -> None:
     from bubbleless_schedules import aliases, available
 
+    if is_schedule_path(name):
+        schedule_from_file(name)
+        return
     if name not in available() and name not in aliases():
         alias_text = ", ".join(f"{alias}={target}" for alias, target in aliases().items())
         raise ValueError(
@@ -99,6 +137,8 @@ def uses_pool(name: str) -> bool:
     ``check_schedule`` then says why it cannot run."""
     from bubbleless_schedules import generate
 
+    if is_schedule_path(name):
+        return False  # a CSV schedule runs on the stage-bound Pipeline; check_schedule refuses a pool one
     try:
         return generate(name, num_ranks=2, num_microbatches=8).stage_to_rank is None
     except (ValueError, NotImplementedError):
@@ -222,19 +262,22 @@ def check_schedule(config: RunConfig, *, num_ranks: int) -> None:
     stages to ranks, and have as many stages as a partition list, and as the model has layers at least."""
     from bubbleless_schedules import generate
 
-    from .pipeline import require_stage_bound
+    from .arguments import require_stage_bound
 
     pipeline = config.pipeline
     if uses_pool(pipeline.schedule):
         _check_pool_schedule(config)
         return
-    try:
-        schedule = generate(pipeline.schedule, num_ranks=num_ranks, num_microbatches=pipeline.num_microbatches)
-    except ValueError as error:
-        raise ValueError(
-            f"pipeline.schedule {pipeline.schedule!r} cannot run on {num_ranks} ranks with "
-            f"{pipeline.num_microbatches} micro-batches: {error}"
-        ) from error
+    if is_schedule_path(pipeline.schedule):
+        schedule = _check_schedule_file(config, num_ranks)
+    else:
+        try:
+            schedule = generate(pipeline.schedule, num_ranks=num_ranks, num_microbatches=pipeline.num_microbatches)
+        except ValueError as error:
+            raise ValueError(
+                f"pipeline.schedule {pipeline.schedule!r} cannot run on {num_ranks} ranks with "
+                f"{pipeline.num_microbatches} micro-batches: {error}"
+            ) from error
     require_stage_bound(schedule)
     if isinstance(pipeline.partition, list) and len(pipeline.partition) != schedule.num_stages:
         raise ValueError(
@@ -247,6 +290,29 @@ def check_schedule(config: RunConfig, *, num_ranks: int) -> None:
             f"{pipeline.schedule} on {num_ranks} ranks has {schedule.num_stages} stages but the model has "
             f"{num_layers} layers; raise model.num_layers to at least {schedule.num_stages - 2}, or run fewer ranks"
         )
+
+
+def _check_schedule_file(config: RunConfig, num_ranks: int) -> Schedule:
+    """A CSV ``pipeline.schedule``: made for this rank count and micro-batch count, and stage-bound."""
+    pipeline = config.pipeline
+    schedule = schedule_from_file(pipeline.schedule)
+    if schedule.stage_to_rank is None:
+        raise ValueError(
+            f"pipeline.schedule {pipeline.schedule!r} is a device-pool schedule (layout {schedule.layout!r}); a CSV "
+            f"schedule runs on the stage-bound pipeline only: use pipeline.schedule: roundrobin for the pool"
+        )
+    if schedule.num_ranks != num_ranks:
+        raise ValueError(
+            f"pipeline.schedule {pipeline.schedule!r} is for {schedule.num_ranks} ranks but the run has {num_ranks}; "
+            f"set pipeline.nproc: {schedule.num_ranks} (or write the schedule for {num_ranks} ranks)"
+        )
+    if schedule.num_microbatches != pipeline.num_microbatches:
+        raise ValueError(
+            f"pipeline.schedule {pipeline.schedule!r} has {schedule.num_microbatches} micro-batches but "
+            f"pipeline.num_microbatches is {pipeline.num_microbatches}; set pipeline.num_microbatches: "
+            f"{schedule.num_microbatches}"
+        )
+    return schedule  # with partition: auto it is cut for, but run as written (never re-generated)
 
 
 def _check_pool_schedule(config: RunConfig) -> None:
@@ -272,34 +338,3 @@ def _check_pool_schedule(config: RunConfig) -> None:
             f"pipeline.schedule {pipeline.schedule!r} cannot run on {devices} devices with "
             f"{pipeline.num_microbatches} micro-batches and pipeline.partition {pipeline.partition}: {error}"
         ) from error
-
-
-def check_device(config: RunConfig) -> None:
-    """``train.device: cuda``, ``pipeline.backend: nccl`` and cuda entries of ``pipeline.devices`` need a
-    visible GPU: say so before anything starts, rather than from every rank's traceback."""
-    if uses_pool(config.pipeline.schedule):
-        _check_pool_devices(config.pipeline.devices)
-        return
-    if config.train.device != "cuda" and config.pipeline.backend != "nccl":
-        return
-    import torch
-
-    if not torch.cuda.is_available():
-        field = "train.device is 'cuda'" if config.train.device == "cuda" else "pipeline.backend is 'nccl'"
-        raise ValueError(f"{field} but no GPU is visible here; set train.device: cpu and pipeline.backend: gloo")
-
-
-def _check_pool_devices(devices: list[str]) -> None:
-    if all(d == "cpu" for d in devices):
-        return
-    import torch
-
-    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    for device in devices:
-        index = int(device.partition(":")[2] or 0)
-        if index >= visible:
-            seen = "no GPU is visible here" if not visible else f"only {visible} GPUs are visible here"
-            raise ValueError(
-                f"pipeline.devices lists {device!r} but {seen}; use pipeline.devices: [cpu, cpu, ...] or the GPUs "
-                f"cuda:0 .. cuda:{max(visible - 1, 0)}"
-            )

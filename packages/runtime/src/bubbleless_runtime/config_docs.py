@@ -1,20 +1,20 @@
 """``docs/config.md``, generated from the config dataclasses' field docstrings.
 
-Regenerate: ``python -m bubbleless_runtime.config_docs > packages/runtime/docs/config.md`` (the older
-``python -m bubbleless_runtime.config`` prints the same); a test keeps the page and the code in step.
+Regenerate: ``python -m bubbleless_runtime.config_docs > packages/runtime/docs/config.md``; a test keeps
+the page and the code in step.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from . import config as config_module
-from .config import SECTIONS, RunConfig
+from . import config_fields as config_module
 from .config_checks import choices
+from .config_fields import SECTIONS, RunConfig
 
 
 def field_docs() -> dict[str, list[tuple[str, str, str, str]]]:
-    """Per config class: (field, type, default, docstring), read from ``config.py``'s source.
+    """Per config class: (field, type, default, docstring), read from ``config_fields.py``'s source.
 
     Field docstrings are not kept at runtime, so they are read with ``ast``.
     """
@@ -53,7 +53,7 @@ def config_reference_markdown() -> str:
     lines = [
         "# `bubbleless train` configuration reference",
         "",
-        "<!-- generated from bubbleless_runtime/config.py by "
+        "<!-- generated from bubbleless_runtime/config_fields.py by "
         "`python -m bubbleless_runtime.config_docs > packages/runtime/docs/config.md`; edit the docstrings there -->",
         "",
         "A YAML file with up to six sections; every key is optional and takes the default shown. A key that",
@@ -61,6 +61,15 @@ def config_reference_markdown() -> str:
         "default (`bubbleless train --print-config` prints it); `bubbleless train --example roundrobin` runs",
         "the embedded round-robin example. `--nproc`, `--steps`, `--schedule`, `--output-dir` and `--resume`",
         "override the matching fields.",
+        "",
+        "Everything is checked before any process starts, each problem one message naming the key (exit",
+        "status 2): malformed YAML (file, line and column), a section or key given twice, an empty file",
+        "(refused: write the sections to change, or give no file for the embedded demo), values out of range,",
+        "a `model.path` without a `config.json`, `lora.target_modules` that match no linear layer, a",
+        "`pipeline.memory_cap` below what the parameters alone need, an `output_dir` that cannot be written.",
+        "`pipeline.schedule` may also be the path of a CSV schedule (`Schedule.to_csv`,",
+        "`bubbleless-schedules show NAME -p P -m M --csv FILE`), edited by hand if need be: it is validated",
+        "and must be made for `pipeline.nproc` ranks and `pipeline.num_microbatches` micro-batches.",
         "",
         "```yaml",
         "model: {architecture: qwen3, num_layers: 6}",

@@ -24,11 +24,12 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from bubbleless_schedules import Costs, Schedule, add_communication, available, generate, simulate
+from bubbleless_schedules import Costs, Schedule, add_communication, generate, simulate, validate
+from bubbleless_schedules.action import COMM_KINDS, COMPUTE_KINDS, Kind
 from bubbleless_schedules.layouts import is_lowered
 
 from . import stages as stages_mod
-from .arguments import check_common, check_microbatches
+from .arguments import check_common, check_microbatches, require_stage_bound, stage_bound_names  # noqa: F401
 from .auto_partition import auto_cut, stage_costs
 from .batches import check_batch, signature_of, split_batch
 from .collectives import backend_device
@@ -57,27 +58,14 @@ def _group_shape(group) -> tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
 
 
-def stage_bound_names() -> list[str]:
-    """The registered schedules whose stages are bound to ranks (what ``Pipeline`` runs). A generator's
-    placement does not depend on the shape, so one small shape classifies it."""
-    names = []
-    for name in available():
-        try:
-            if generate(name, num_ranks=2, num_microbatches=8).stage_to_rank is not None:
-                names.append(name)
-        except (ValueError, NotImplementedError):
-            pass
-    return names
-
-
-def require_stage_bound(schedule: Schedule) -> Schedule:
-    """``schedule``, or ValueError when it dispatches stage jobs to a pool instead of binding stages to ranks."""
-    if schedule.stage_to_rank is None:
-        raise ValueError(
-            f"{schedule.name or 'this schedule'} dispatches stage jobs to a device pool (layout {schedule.layout!r}); "
-            f"Pipeline runs stage-bound schedules; pick one of {stage_bound_names()}"
-        )
-    return schedule
+def _validate(schedule: Schedule) -> None:
+    """``bubbleless_schedules.validate`` over the actions a stage-bound layout gives meaning to (F, I, W, B,
+    sends and receives): a kind it does not know (R, say) is left to the interpreter, which runs it with a
+    user's handler or refuses it naming the action."""
+    known = (COMPUTE_KINDS - {Kind.R}) | COMM_KINDS
+    if schedule.layout == "pipeline" and any(a.kind not in known for _, _, a in schedule.all_actions()):
+        schedule = schedule.replace(actions=tuple(tuple(a for a in row if a.kind in known) for row in schedule.actions))
+    validate(schedule)
 
 
 def _resolve_schedule(schedule, *, num_ranks, num_microbatches, costs, options) -> Schedule:
@@ -86,6 +74,7 @@ def _resolve_schedule(schedule, *, num_ranks, num_microbatches, costs, options) 
         return require_stage_bound(generated)
     if not isinstance(schedule, Schedule):
         raise ValueError(f"schedule must be a name from bubbleless_schedules.available() or a Schedule, got {schedule!r}")
+    _validate(schedule)  # a cycle or a missing action: the validator's rendered message, before any step
     require_stage_bound(schedule)
     if schedule.num_ranks != num_ranks:
         raise ValueError(
