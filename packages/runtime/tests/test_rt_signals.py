@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -151,3 +152,57 @@ def test_rt_rank_failures_rank_own_errors_over_deaths_over_stalls_over_comm_erro
         raise_root_cause([comm, stalled(2, None)], 4)
     with pytest.raises(ZeroDivisionError):
         raise_root_cause([comm, dead, reported(1, ZeroDivisionError("x"), "tb")], 4)
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def _ranks_of(launcher: int) -> list[int]:
+    """The rank processes under a launcher: children of its fork server."""
+    ranks = []
+    for child in _children(launcher):
+        try:
+            with open(f"/proc/{child}/cmdline", "rb") as f:
+                if b"forkserver" in f.read():
+                    ranks += _children(child)
+        except OSError:
+            continue
+    return ranks
+
+
+@pytest.mark.slow
+def test_rt_bubbleless_train_with_a_stopped_rank_ends_non_zero_naming_it(tmp_path):
+    """SIGSTOP one rank of `bubbleless train` mid-run: the run ends with exit code 1 and the headline
+    names the stopped rank, and no process of it is left (it used to hang after the survivors raised)."""
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        "model: {vocab_size: 16, hidden_size: 32, intermediate_size: 64, num_layers: 2, num_heads: 4,\n"
+        "        num_kv_heads: 2, head_dim: 8}\ndata: {task: copy, num_symbols: 8, length: 4, batch_size: 8}\n"
+        "pipeline: {schedule: 1f1b, nproc: 3, num_microbatches: 4, timeout: 3}\ntrain: {steps: 2000}\n"
+    )
+    marker = uuid.uuid4().hex
+    out = tmp_path / "out"
+    proc = python(f"""
+        from bubbleless_runtime.cli import main
+        raise SystemExit(main(["train", {str(config)!r}, "--output-dir", {str(out)!r}]))
+        """, marker)
+    assert wait_until(lambda: (out / "metrics.jsonl").exists() and len((out / "metrics.jsonl").read_text().splitlines())
+                      >= 3, 240), proc.stderr.read() if proc.poll() is not None else "no steps"
+    ranks = _ranks_of(proc.pid)
+    assert len(ranks) == 3, ranks
+    os.kill(ranks[1], signal.SIGSTOP)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err[-3000:]
+    headline = err.strip().splitlines()[-1]
+    assert re.match(r"bubbleless: rank \d stopped responding: .*stopped \(SIGSTOP", headline), err[-3000:]
+    assert wait_until(lambda: not marked_processes(marker)), marked_processes(marker)
