@@ -22,9 +22,14 @@ import time
 
 import torch
 import torch.distributed as dist
-from blocks import Block
-from record import write_section
 from torch import nn
+
+try:  # imported as bench.runtime.vs_torch (bench/measured reuses torch_schedule)
+    from bench.runtime.blocks import Block
+    from bench.runtime.record import write_section
+except ImportError:  # run as a script: bench/runtime is sys.path[0]
+    from blocks import Block
+    from record import write_section
 
 from bubbleless_runtime import Pipeline, spawn
 from bubbleless_runtime.trace import calibrated_costs
@@ -46,7 +51,10 @@ def loss_fn(out, target):
     return nn.functional.mse_loss(out, target, reduction="sum")
 
 
-def torch_schedule(rank: int, p: int, placement: str, torch_class: str, width: int, m: int, blocks):
+def torch_schedule(rank: int, p: int, placement: str, torch_class: str, width: int, m: int, blocks, *,
+                   loss=loss_fn):
+    """This rank's torch.distributed.pipelining schedule over ``blocks`` (cut evenly into its stages) and a
+    ``step(x, y)`` that returns the summed loss on the last stage's rank (None elsewhere)."""
     from torch.distributed import pipelining
 
     num_stages = p if placement == "loop1" else 2 * p
@@ -56,7 +64,7 @@ def torch_schedule(rank: int, p: int, placement: str, torch_class: str, width: i
         mine = [rank, rank + p]
     else:
         mine = [rank, 2 * p - 1 - rank]
-    per_stage = NUM_BLOCKS // num_stages
+    per_stage = len(blocks) // num_stages
     stages = [
         pipelining.PipelineStage(nn.Sequential(*blocks[s * per_stage:(s + 1) * per_stage]), s, num_stages,
                                  torch.device("cpu"))
@@ -64,7 +72,7 @@ def torch_schedule(rank: int, p: int, placement: str, torch_class: str, width: i
     ]
     cls = getattr(pipelining, torch_class)
     first = stages[0] if placement == "loop1" else stages
-    schedule = cls(first, m, loss_fn=loss_fn, scale_grads=False)
+    schedule = cls(first, m, loss_fn=loss, scale_grads=False)
     holds_first = 0 in mine
     holds_last = num_stages - 1 in mine
 

@@ -1,0 +1,63 @@
+"""python -m bench.measured --scenario bench/scenarios/tiny.yaml [--quick] [--systems zbv,1f1b] [--no-longest]"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "bench" / "results" / "measured.md"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Run every system of a scenario for real (CPU, gloo).")
+    parser.add_argument("--scenario", type=Path, required=True, help="a YAML file under bench/scenarios/")
+    parser.add_argument("--systems", default=None, help="comma-separated subset of the scenario's systems")
+    parser.add_argument("--quick", action="store_true",
+                        help="one round of 3 timed steps after 1 warm-up, no longest-sequence search")
+    parser.add_argument("--no-longest", action="store_true", help="skip the longest-sequence search")
+    parser.add_argument("--no-calibration", action="store_true", help="skip the modelled-vs-measured table")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="markdown path (JSON beside it)")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    from tqdm import tqdm
+
+    from .report import write
+    from .runner import longest_sequence, measure
+    from .scenario import load_scenario
+
+    args = parse_args(argv)
+    try:
+        scenario = load_scenario(args.scenario)
+        if args.systems:
+            scenario = scenario.with_(systems=tuple(args.systems.split(",")))
+        if args.quick:
+            scenario = scenario.with_(rounds=1, steps=3, warmup=1)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    with tqdm(total=scenario.rounds * len(scenario.systems), unit="run", file=sys.stderr) as bar:
+        systems = measure(scenario, progress=bar)
+    longest = {}
+    if not (args.quick or args.no_longest):
+        with tqdm(unit="probe", file=sys.stderr) as bar:
+            for name in scenario.systems:
+                if "error" not in systems[name]:
+                    longest[name] = longest_sequence(scenario, name, progress=bar)
+    calibration = None
+    if not args.no_calibration:
+        from .calibration import calibration_section
+
+        calibration = calibration_section(scenario, systems)
+    command = "python -m bench.measured " + " ".join(argv if argv is not None else sys.argv[1:])
+    md, js = write(scenario, systems, longest, args.out, calibration=calibration, command=command.strip())
+    print(f"wrote {md} and {js}")
+    print(md.read_text())
+    return 0 if all("error" not in r for r in systems.values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,48 @@
+"""The modelled-vs-measured table (issue 10, section 3, calibration): each measured system's tokens/s
+against what its cost model predicts on the ``cpu`` hardware profile measured on this machine
+(bench/modelled/cpu.yaml), at the scenario's shape, workers, sequence and batch, in fp32."""
+
+from __future__ import annotations
+
+from bubbleless_partition import TransformerShape
+
+from .scenario import Scenario
+
+
+def tiny_shape(scenario: Scenario) -> TransformerShape:
+    m = scenario.model
+    return TransformerShape(name=f"{scenario.name} (measured scenario)", num_layers=m.layers, hidden=m.hidden,
+                            intermediate=m.intermediate, heads=m.heads, kv_heads=m.heads, vocab=m.vocab)
+
+
+def calibration_rows(scenario: Scenario, systems: dict):
+    from bench.modelled import systems as modelled_systems
+    from bench.modelled.calibrate import calibrate, cpu_point
+
+    known = {n for n, s in modelled_systems().items() if s.modelled is not None}
+    measured = {n: r["tokens_per_s"] for n, r in systems.items() if n in known and r.get("tokens_per_s")}
+    point = cpu_point(tiny_shape(scenario), gpus=scenario.workers, seq_len=scenario.seq_len,
+                      micro_batch=scenario.micro_batch, global_batch=scenario.global_batch, precision="fp32")
+    return calibrate(measured, point=point), sorted(set(systems) - known)
+
+
+def calibration_section(scenario: Scenario, systems: dict) -> list[str]:
+    from bench.modelled.calibrate import calibration_table
+
+    try:
+        rows, unmodelled = calibration_rows(scenario, systems)
+    except ValueError as error:
+        return ["## Calibration: modelled against measured", "", f"(not computed: {error})", ""]
+    errors = [abs(r.error) for r in rows]
+    return [
+        "## Calibration: modelled against measured (same CPU)", "",
+        "Each system's cost model (bench/modelled/) on the `cpu` hardware profile measured on this machine "
+        "(`python bench/model.py --measure-cpu`: GEMM rate, memory copy, torch AdamW), at this scenario's "
+        "shape, workers, sequence and batch, fp32. Error = modelled / measured - 1 (+: the model is optimistic).", "",
+        calibration_table(rows), "",
+        (f"Median |error| {sorted(errors)[len(errors) // 2]:.0%}, worst {max(errors):.0%}. " if errors else "")
+        + (f"Not modelled: {', '.join(unmodelled)}. " if unmodelled else "")
+        + "The models price FLOPs at the profile's GEMM rate and ignore per-action interpreter, hook and "
+          "launch overhead, which dominates a model this small on a CPU; they were built for GPUs, where "
+          "they are meant to be read, and are not refitted to these numbers.", "",
+    ]

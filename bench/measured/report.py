@@ -1,0 +1,161 @@
+"""bench/results/measured.md and .json: one measured run, naming hardware, versions, full configuration,
+commit and date; the section-6 ratios checked on the run's own numbers."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from .scenario import Scenario
+
+OURS = ("zbv", "zb", "bubbleless-1f1b", "roundrobin")
+MEMORY_NOTE = ("peak RSS growth: the most any of the system's processes grew its peak resident set "
+               "(`ru_maxrss`) over its size when the worker started (torch imported, no model), the same "
+               "yardstick for every system on CPU; round-robin also shows its executor's own device "
+               "accounting (`MemoryBudget.peak`, the most bytes it placed on one CPU device at once)")
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    return f"{platform.node()} {cpu} {os.cpu_count()} cpus, {platform.system()} {platform.release()}"
+
+
+def versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for name in ("torch", "deepspeed", "bubbleless-schedules", "bubbleless-partition", "bubbleless-offload",
+                 "bubbleless-runtime"):
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = "not installed"
+    return found
+
+
+def _git(root: Path, *args: str) -> str:
+    try:  # rstrip only: `git status --porcelain` lines start with a status column that may be a space
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout.rstrip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def meta(scenario: Scenario) -> dict:
+    from .baselines import nvme_available
+
+    root = Path(__file__).resolve().parents[2]
+    dirty = [line[3:] for line in _git(root, "status", "--porcelain", "--untracked-files=no", "packages").splitlines()]
+    return {
+        "machine": machine(), "python": platform.python_version(), "versions": versions(),
+        "commit": _git(root, "rev-parse", "--short", "HEAD"), "uncommitted_package_files": dirty,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "scenario": scenario.as_dict(), "nvme_offload": nvme_available(),
+    }
+
+
+def _mib(value) -> str:
+    return f"{value / 2**20:,.0f}" if value is not None else "-"
+
+
+def loss_check(scenario: Scenario, systems: dict) -> tuple[float | None, dict[str, bool]]:
+    losses = {s: r["loss"] for s, r in systems.items() if "loss" in r}
+    if not losses:
+        return None, {}
+    reference = next(iter(losses.values()))
+    return reference, {s: abs(v - reference) <= scenario.loss_tolerance * abs(reference) for s, v in losses.items()}
+
+
+def goals(systems: dict, equal: dict) -> list[str]:
+    lines = []
+
+    def tps(name):
+        return systems.get(name, {}).get("tokens_per_s")
+
+    if tps("zbv") and tps("1f1b"):
+        ratio = tps("zbv") / tps("1f1b")
+        ours_mem, theirs_mem = systems["zbv"]["peak_growth_bytes"], systems["1f1b"]["peak_growth_bytes"]
+        lines.append(
+            f"- **zbv vs torch Schedule1F1B** (goal >= 1.1x at the same memory): {ratio:.2f}x "
+            f"({'met' if ratio >= 1.1 else 'NOT met'} on tokens/s); peak RSS growth {_mib(ours_mem)} MiB vs "
+            f"{_mib(theirs_mem)} MiB ({ours_mem / theirs_mem:.2f}x). ZB-V's schedule holds the same activation "
+            "memory as 1F1B (p micro-batches' worth per rank, the simulator's peak); the RSS difference is "
+            "the rest of each runtime (ours keeps two stages per rank and their send/receive buffers).")
+    if tps("roundrobin") and tps("zero-infinity"):
+        ratio = tps("roundrobin") / tps("zero-infinity")
+        same = equal.get("roundrobin") and equal.get("zero-infinity")
+        lines.append(f"- **round-robin vs DeepSpeed ZeRO-Infinity** (same tiny model, losses "
+                     f"{'equal' if same else 'NOT equal'}): {ratio:.2f}x tokens/s.")
+    if tps("bubbleless-1f1b") and tps("1f1b"):
+        lines.append(f"- our 1F1B vs torch's: {tps('bubbleless-1f1b') / tps('1f1b'):.2f}x (same schedule: the "
+                     "runtimes' overhead alone).")
+    return lines
+
+
+def write(scenario: Scenario, systems: dict, longest: dict, out: Path, *, calibration: list[str] | None = None,
+          command: str = "") -> tuple[Path, Path]:
+    info = meta(scenario)
+    reference, equal = loss_check(scenario, systems)
+    for name, row in systems.items():
+        row["loss_equal"] = equal.get(name)
+        if name in longest:
+            row["max_seq_len"] = longest[name]["max_seq_len"]
+            row["longest_probes"] = longest[name]["probes"]
+    data = {"meta": info, "systems": systems}
+    json_path = out.with_suffix(".json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    base = systems.get("1f1b", {}).get("tokens_per_s")
+    lines = [
+        f"# Measured: scenario {scenario.name} on CPU (every number here is MEASURED)", "",
+        f"Generated by `{command or 'python -m bench.measured --scenario ...'}`; do not edit by hand. "
+        f"Raw figures: `{json_path.name}`.", "",
+        f"Run {info['date']} on {info['machine']}, Python {info['python']}, "
+        + ", ".join(f"{k} {v}" for k, v in info["versions"].items())
+        + f"; commit {info['commit']} (uncommitted package files at run time: "
+        f"{', '.join(info['uncommitted_package_files']) or 'none'}). CPU only, gloo; "
+        f"{scenario.workers} ranks (or pool devices) x {scenario.threads} torch thread(s). "
+        f"NVMe offload: {'libaio found, not in this scenario' if info['nvme_offload'] else 'not run (no libaio on this machine)'}.",
+        "",
+        f"tokens/s: median over {scenario.rounds} round(s) x {scenario.steps} timed steps (after {scenario.warmup} "
+        f"warm-up steps each round) of {scenario.tokens_per_step:,} tokens per step; each round runs every system "
+        "in fresh processes, the order rotated from round to round, so load on a shared machine hits all alike. "
+        f"Loss: the step-{scenario.warmup + scenario.steps} loss of the first round, every system from the same "
+        f"seed on the same batches; equal = within {scenario.loss_tolerance:g} (relative) of the first system's. "
+        f"Memory: {MEMORY_NOTE}. Longest sequence: bisection over the sequence length, one step per probe in "
+        f"fresh processes, fits = runs and peak RSS growth <= {scenario.memory_budget_mib:g} MiB.", "",
+        "| system | ours? | tokens/s | step (s) | vs torch 1F1B | loss | loss equal | peak RSS growth (MiB) | "
+        "executor accounting (MiB) | longest sequence | notes |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, row in systems.items():
+        if "error" in row:
+            lines.append(f"| {name} | {'yes' if name in OURS else 'baseline'} | failed | | | | | | | | {row['error'][:160]} |")
+            continue
+        notes = []
+        if row.get("optimizer"):
+            notes.append(f"optimizer {row['optimizer']}")
+        if not row.get("loss_same_every_round", True):
+            notes.append("loss differs between rounds")
+        if row.get("failed_runs"):
+            notes.append(f"{len(row['failed_runs'])} failed run(s)")
+        seq = row.get("max_seq_len")
+        ratio = f"{row['tokens_per_s'] / base:.2f}x" if base else "-"
+        seq_text = "-" if seq is None else (f">= {seq:,} (the cap)" if longest.get(name, {}).get("capped") else f"{seq:,}")
+        lines.append(
+            f"| {name} | {'yes' if name in OURS else 'baseline'} | {row['tokens_per_s']:,.0f} | {row['step_s']:.3f} | "
+            f"{ratio} | {row['loss']:.6f} | {'yes' if row['loss_equal'] else 'NO'} | "
+            f"{_mib(row['peak_growth_bytes'])} | {_mib(row.get('device_peak_bytes'))} | {seq_text} | "
+            f"{'; '.join(notes)} |")
+    lines += ["", "## Goals (issue 10, section 6), on this run's numbers", "", *goals(systems, equal), ""]
+    if calibration:
+        lines += calibration
+    lines += ["## Full configuration", "", "```yaml", yaml.safe_dump(scenario.as_dict(), sort_keys=False).rstrip(),
+              "```", ""]
+    out.write_text("\n".join(lines) + "\n")
+    return out, json_path

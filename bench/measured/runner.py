@@ -1,0 +1,147 @@
+"""Run the systems of a scenario: timed rounds (systems alternating, fresh processes each run) and the
+longest sequence under a memory budget (bisection, every probe in fresh processes).
+
+Each run goes through ``bubbleless_runtime.spawn`` (gloo, forkserver): a probe that runs out of memory
+or fails kills only its own processes, and the next starts clean.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from .common import peak_rss_bytes, rss_bytes
+from .scenario import Scenario, scenario_from_dict
+
+
+def _runner(system: str):
+    from . import baselines, ours
+
+    return {
+        "zbv": ours.stage_bound, "zb": ours.stage_bound, "bubbleless-1f1b": ours.stage_bound,
+        "roundrobin": ours.roundrobin, "1f1b": baselines.torch_1f1b, "ddp": baselines.ddp,
+        "fsdp-offload": baselines.fsdp_offload, "zero-infinity": baselines.deepspeed_zero,
+        "zero2": baselines.deepspeed_zero,
+    }[system]
+
+
+def worker(rank: int, system: str, scenario: dict, steps: int, warmup: int, seq_len: int) -> dict:
+    """One process of one system's run (module level: ``spawn`` starts it by reference)."""
+    start = rss_bytes()
+    out = _runner(system)(rank, scenario_from_dict(scenario), system=system, steps=steps, warmup=warmup,
+                          seq_len=seq_len)
+    out["rss_start_bytes"], out["peak_rss_bytes"] = start, peak_rss_bytes()
+    out["peak_growth_bytes"] = max(0, out["peak_rss_bytes"] - start)
+    return out
+
+
+def processes(scenario: Scenario, system: str) -> tuple[int, int]:
+    """(processes, torch threads each): the pool is one process with a thread per device."""
+    if system == "roundrobin":
+        return 1, scenario.workers * scenario.threads
+    return scenario.workers, scenario.threads
+
+
+def run_system(scenario: Scenario, system: str, *, steps: int, warmup: int, seq_len: int | None = None) -> dict:
+    """One run of ``system``: per-step losses (from whichever rank holds them), times (rank 0), peaks."""
+    from bubbleless_runtime import spawn
+
+    seq = seq_len or scenario.seq_len
+    nproc, threads = processes(scenario, system)
+    started = time.perf_counter()
+    per_rank = spawn(worker, nproc, system, scenario.as_dict(), steps, warmup, seq, threads_per_process=threads,
+                     timeout=scenario.timeout_s)
+    losses = [next((r["losses"][i] for r in per_rank if r["losses"][i] is not None), None)
+              for i in range(steps + warmup)]
+    out = {"losses": losses, "times": per_rank[0]["times"], "seq_len": seq,
+           "peak_growth_bytes": max(r["peak_growth_bytes"] for r in per_rank),
+           "peak_rss_bytes": max(r["peak_rss_bytes"] for r in per_rank), "processes": nproc,
+           "threads": threads, "wall_s": time.perf_counter() - started}
+    for key in ("device_peak_bytes", "optimizer"):
+        if key in per_rank[0]:
+            out[key] = per_rank[0][key]
+    return out
+
+
+def measure(scenario: Scenario, *, progress=None) -> dict[str, dict]:
+    """Every system, ``rounds`` times, the order rotated each round; per system the merged figures."""
+    order = list(scenario.systems)
+    runs: dict[str, list[dict]] = {s: [] for s in order}
+    for round_index in range(scenario.rounds):
+        shift = round_index % len(order)
+        for system in order[shift:] + order[:shift]:
+            if progress is not None:
+                progress.set_description(f"round {round_index + 1}/{scenario.rounds}: {system}")
+            try:
+                runs[system].append(run_system(scenario, system, steps=scenario.steps, warmup=scenario.warmup))
+            except Exception as error:  # noqa: BLE001 - a failing system is reported, the others still run
+                runs[system].append({"error": f"{type(error).__name__}: {str(error)[:400]}"})
+            if progress is not None:
+                progress.update(1)
+    return {system: merge(scenario, found) for system, found in runs.items()}
+
+
+def merge(scenario: Scenario, runs: list[dict]) -> dict:
+    good = [r for r in runs if "error" not in r]
+    if not good:
+        return {"error": runs[0]["error"], "runs": len(runs)}
+    samples = [scenario.tokens_per_step / t for r in good for t in r["times"]]
+    per_run = [statistics.median(scenario.tokens_per_step / t for t in r["times"]) for r in good]
+    first = good[0]
+    out = {
+        "tokens_per_s": statistics.median(samples), "samples_tokens_per_s": samples,
+        "per_round_tokens_per_s": per_run, "step_s": statistics.median(t for r in good for t in r["times"]),
+        "loss": first["losses"][-1], "losses": first["losses"],
+        "loss_same_every_round": all(r["losses"] == first["losses"] for r in good),
+        "peak_growth_bytes": max(r["peak_growth_bytes"] for r in good),
+        "processes": first["processes"], "threads": first["threads"], "runs": len(good),
+        "failed_runs": [r["error"] for r in runs if "error" in r],
+    }
+    for key in ("device_peak_bytes", "optimizer"):
+        if key in first:
+            out[key] = first[key]
+    return out
+
+
+def probe(scenario: Scenario, system: str, seq_len: int) -> dict:
+    """One step at ``seq_len`` in fresh processes: fits when it runs and its peak is within the budget."""
+    budget = scenario.memory_budget_mib * 2**20
+    try:
+        run = run_system(scenario, system, steps=1, warmup=0, seq_len=seq_len)
+    except Exception as error:  # noqa: BLE001 - out of memory or any failure: this length does not train
+        return {"seq_len": seq_len, "fits": False, "why": f"{type(error).__name__}: {str(error)[:200]}"}
+    fits = run["peak_growth_bytes"] <= budget
+    return {"seq_len": seq_len, "fits": fits, "peak_growth_bytes": run["peak_growth_bytes"],
+            "why": "" if fits else f"peak {run['peak_growth_bytes'] / 2**20:.0f} MiB over the budget"}
+
+
+def longest_sequence(scenario: Scenario, system: str, *, progress=None, probe_fn=probe) -> dict:
+    """Bisection over the sequence length in [longest_low, longest_high] to ``longest_granularity``.
+
+    ``probe_fn(scenario, system, seq_len) -> {"fits": bool, ...}`` (default: ``probe``, fresh processes).
+    Assumes a longer sequence never needs less memory, as every system's activations grow with it.
+    """
+    probes = []
+
+    def fits(seq: int) -> bool:
+        if progress is not None:
+            progress.set_description(f"longest sequence: {system} at {seq}")
+        result = probe_fn(scenario, system, seq)
+        probes.append(result)
+        if progress is not None:
+            progress.update(1)
+        return result["fits"]
+
+    low, high = scenario.longest_low, scenario.longest_high
+    if not fits(low):
+        return {"max_seq_len": 0, "probes": probes}
+    if fits(high):
+        return {"max_seq_len": high, "probes": probes, "capped": True}
+    while high - low > scenario.longest_granularity:
+        mid = (low + high) // 2
+        mid -= mid % 8
+        if fits(mid):
+            low = mid
+        else:
+            high = mid
+    return {"max_seq_len": low, "probes": probes}
