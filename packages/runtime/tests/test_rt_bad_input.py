@@ -89,3 +89,22 @@ def test_rt_every_rank_raises_before_communicating():
         assert any("launch 3 processes" in m for m in messages)
         assert any("multiple of 2" in m for m in messages)
         assert any("same batch size" in m for m in messages)  # found on every rank, not only the last
+
+
+def _damaged(kind: str):
+    schedule = stages_on_one_rank(2)
+    row = list(schedule.actions[0])
+    if kind == "cycle":  # a backward before the forward it needs: nothing can ever run it
+        row.insert(0, row.pop(row.index(next(a for a in row if a.kind.value == "B"))))
+    else:
+        row.pop()  # the last backward is missing
+    return schedule.replace(actions=(tuple(row),))
+
+
+@pytest.mark.parametrize(("kind", "match"), [("cycle", r"deadlock: worker 0 waits at"),
+                                             ("missing", r"incomplete schedule \(validate needs every action")])
+def test_rt_an_invalid_schedule_is_refused_with_the_validators_message(kind, match):
+    """Issue 9: a given Schedule is validated in the constructor, before any step (was a KeyError mid-step)."""
+    with pytest.raises(ValueError, match=match) as info:
+        Pipeline(tiny_model(3), **{**OK, "schedule": _damaged(kind)})
+    assert "worker 0:" in str(info.value)  # the rendered schedule, the failing action marked

@@ -118,3 +118,76 @@ def test_a_gpu_run_without_a_gpu_stops_before_any_process_starts(tmp_path, capsy
         assert main(["train", str(path)]) == 2, text
         err = capsys.readouterr().err
         assert field in err and "no GPU is visible" in err and "train.device: cpu" in err, err
+
+
+def test_validating_a_config_imports_no_torch_trainer_or_pipeline(tmp_path):
+    """Issue 12: load, validate and check the schedule of a YAML config in a fresh interpreter."""
+    path = tmp_path / "run.yaml"
+    path.write_text("pipeline: {schedule: 1f1b, nproc: 2}\nlora: {enabled: true}\noptimizer: {lr: 1.0e-3}\n")
+    code = (
+        "import sys\n"
+        "from bubbleless_runtime.config import load_config\n"
+        "from bubbleless_runtime.config_checks import check_schedule\n"
+        f"config = load_config({str(path)!r})\n"
+        "check_schedule(config, num_ranks=2)\n"
+        "try:\n"
+        "    load_config(text='optimizer: {lr: -1}')\n"
+        "except ValueError:\n"
+        "    pass\n"
+        "loaded = [m for m in ('torch', 'transformers', 'bubbleless_runtime.trainer', 'bubbleless_runtime.pipeline')\n"
+        "          if m in sys.modules]\n"
+        "print(config.lora.enabled, loaded)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "True []", done.stdout + done.stderr
+
+
+def test_the_config_modules_import_in_one_direction_only():
+    """config_fields <- config_ranges <- config_checks <- config, config_docs, config_runtime: no module
+    imports one to its right (nor config_fields any sibling), not even lazily inside a function."""
+    import ast
+
+    order = ["config_fields", "config_ranges", "config_checks", "config", "config_docs", "config_runtime"]
+    source = Path(cfg.__file__).parent
+    for position, name in enumerate(order):
+        tree = ast.parse((source / f"{name}.py").read_text())
+        imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level == 1}
+        imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level == 1
+                     and node.module is None for alias in node.names}
+        later = set(order[position + 1:]) | ({"config"} if name in ("config_ranges", "config_checks") else set())
+        assert not imported & later, f"{name} imports {sorted(imported & later)}"
+        if name == "config_fields":
+            assert not imported, f"config_fields imports {sorted(imported)}"
+
+
+def test_config_names_match_the_tables_that_give_them_meaning():
+    """``config_checks`` spells the accepted names out (no torch); each list equals its table."""
+    from bubbleless_runtime import config_checks, config_ranges
+    from bubbleless_runtime.models.hf import ARCHITECTURES, _derived_head_fields
+
+    assert set(config_checks.ARCHITECTURES) == set(ARCHITECTURES)
+    derived = {name for name, entry in ARCHITECTURES.items() if entry.fields is _derived_head_fields}
+    assert set(config_ranges.DERIVED_HEAD_WIDTH) == derived
+
+
+@pytest.mark.slow
+def test_a_hand_edited_csv_schedule_trains_through_the_cli(tmp_path):
+    """``pipeline.schedule: PATH``: a 1F1B schedule saved as CSV, one W moved later by hand, trains."""
+    from bubbleless_runtime import testing
+    from bubbleless_schedules import generate
+
+    schedule = generate("zb-h1", num_ranks=2, num_microbatches=4)
+    rows = [list(r) for r in schedule.actions]
+    w = next(i for i, a in enumerate(rows[0]) if a.kind.value == "W")
+    rows[0].append(rows[0].pop(w))  # the first W of rank 0 runs last: still valid, a different order
+    edited = schedule.replace(actions=tuple(tuple(r) for r in rows), name="hand-edited")
+    (tmp_path / "mine.csv").write_text(edited.to_csv())
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        "model: {vocab_size: 16, hidden_size: 32, intermediate_size: 64, num_layers: 2, num_heads: 4, "
+        "num_kv_heads: 2, head_dim: 8}\ndata: {task: copy, num_symbols: 8, length: 4, batch_size: 8}\n"
+        f"pipeline: {{schedule: {tmp_path / 'mine.csv'}, nproc: 2, num_microbatches: 4}}\ntrain: {{steps: 3}}\n"
+    )
+    done = testing.run_cli(["train", str(config), "--output-dir", str(tmp_path / "out")])
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "mine.csv" in done.stdout or "hand-edited" in done.stdout, done.stdout[-2000:]
