@@ -125,5 +125,6 @@ def raise_root_cause(failures: list[Failure], nproc: int):
                           else cause.text + consequences)
     exc = cause.exc
     exc.__cause__ = RemoteTraceback(f"\n--- rank {cause.rank} of {nproc}, traceback in the child ---\n{cause.text}")
-    exc.add_note(f"(raised in rank {cause.rank} of {nproc}{consequences})")
+    if hasattr(exc, "add_note"):  # Python 3.11+; on 3.10 the __cause__ above names the rank
+        exc.add_note(f"(raised in rank {cause.rank} of {nproc}{consequences})")
     raise exc
