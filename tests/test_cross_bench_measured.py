@@ -78,3 +78,14 @@ def test_cross_bench_measured_deepspeed_zero_infinity_trains_the_same_problem():
     assert "error" not in systems["zero-infinity"], systems["zero-infinity"].get("error")
     assert systems["zero-infinity"]["optimizer"] == "DeepSpeedCPUAdam"
     assert systems["zero-infinity"]["loss"] == pytest.approx(systems["ddp"]["loss"], rel=1e-4)
+
+
+def test_cross_bench_measured_calibration_prices_the_scenario_on_the_cpu_profile():
+    from bench.measured.calibration import calibration_rows, calibration_section
+
+    measured = {"1f1b": {"tokens_per_s": 1000.0}, "zero2": {"tokens_per_s": 500.0}, "ddp": {"tokens_per_s": 900.0}}
+    rows, unmodelled = calibration_rows(SMALL, measured)
+    assert [r.system for r in rows] == ["1f1b", "zero2"] and unmodelled == ["ddp"]
+    assert all(r.predicted_tokens_per_s > 0 for r in rows)
+    text = "\n".join(calibration_section(SMALL, measured))
+    assert "| 1f1b | 1,000.0 |" in text and "Not modelled: ddp" in text

@@ -56,6 +56,7 @@ def meta(scenario: Scenario) -> dict:
         "commit": _git(root, "rev-parse", "--short", "HEAD"), "uncommitted_package_files": dirty,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "scenario": scenario.as_dict(), "nvme_offload": nvme_available(),
+        "packages_from": os.environ.get("PYTHONPATH") or "the installed (editable) packages",
     }
 
 
@@ -118,7 +119,8 @@ def write(scenario: Scenario, systems: dict, longest: dict, out: Path, *, calibr
         f"Run {info['date']} on {info['machine']}, Python {info['python']}, "
         + ", ".join(f"{k} {v}" for k, v in info["versions"].items())
         + f"; commit {info['commit']} (uncommitted package files at run time: "
-        f"{', '.join(info['uncommitted_package_files']) or 'none'}). CPU only, gloo; "
+        f"{', '.join(info['uncommitted_package_files']) or 'none'}; packages imported from "
+        f"{info['packages_from']}). CPU only, gloo; "
         f"{scenario.workers} ranks (or pool devices) x {scenario.threads} torch thread(s). "
         f"NVMe offload: {'libaio found, not in this scenario' if info['nvme_offload'] else 'not run (no libaio on this machine)'}.",
         "",
@@ -127,8 +129,11 @@ def write(scenario: Scenario, systems: dict, longest: dict, out: Path, *, calibr
         "in fresh processes, the order rotated from round to round, so load on a shared machine hits all alike. "
         f"Loss: the step-{scenario.warmup + scenario.steps} loss of the first round, every system from the same "
         f"seed on the same batches; equal = within {scenario.loss_tolerance:g} (relative) of the first system's. "
-        f"Memory: {MEMORY_NOTE}. Longest sequence: bisection over the sequence length, one step per probe in "
-        f"fresh processes, fits = runs and peak RSS growth <= {scenario.memory_budget_mib:g} MiB.", "",
+        f"Memory: {MEMORY_NOTE}. Longest sequence: the sequence length doubled from {scenario.longest_low} until a "
+        f"probe fails, then bisected to {scenario.longest_granularity} tokens; each probe one step of "
+        "2 x workers micro-batches in fresh processes (`runner.probe_scenario`); fits = it runs and its peak RSS "
+        f"growth <= {scenario.memory_budget_mib:g} MiB (for DeepSpeed this includes the op libraries and buffers "
+        "it loads, a real cost on this machine; the JSON's `longest_probes` give every probe's growth).", "",
         "| system | ours? | tokens/s | step (s) | vs torch 1F1B | loss | loss equal | peak RSS growth (MiB) | "
         "executor accounting (MiB) | longest sequence | notes |",
         "|---|---|---|---|---|---|---|---|---|---|---|",

@@ -103,11 +103,22 @@ def merge(scenario: Scenario, runs: list[dict]) -> dict:
     return out
 
 
+PROBE_MICROBATCHES_PER_WORKER = 2
+"""A probe runs ``2 x workers`` micro-batches (not the scenario's): every schedule already holds its
+steady-state activations (1F1B and ZB-V at most ``2 x workers`` micro-batches in flight on a rank), each
+data-parallel rank accumulates over two, and a probe at a long sequence costs a fraction of a full step."""
+
+
+def probe_scenario(scenario: Scenario) -> Scenario:
+    m = min(scenario.microbatches, PROBE_MICROBATCHES_PER_WORKER * scenario.workers)
+    return scenario.with_(microbatches=m, global_batch=m * scenario.micro_batch)
+
+
 def probe(scenario: Scenario, system: str, seq_len: int) -> dict:
     """One step at ``seq_len`` in fresh processes: fits when it runs and its peak is within the budget."""
     budget = scenario.memory_budget_mib * 2**20
     try:
-        run = run_system(scenario, system, steps=1, warmup=0, seq_len=seq_len)
+        run = run_system(probe_scenario(scenario), system, steps=1, warmup=0, seq_len=seq_len)
     except Exception as error:  # noqa: BLE001 - out of memory or any failure: this length does not train
         return {"seq_len": seq_len, "fits": False, "why": f"{type(error).__name__}: {str(error)[:200]}"}
     fits = run["peak_growth_bytes"] <= budget
@@ -116,7 +127,9 @@ def probe(scenario: Scenario, system: str, seq_len: int) -> dict:
 
 
 def longest_sequence(scenario: Scenario, system: str, *, progress=None, probe_fn=probe) -> dict:
-    """Bisection over the sequence length in [longest_low, longest_high] to ``longest_granularity``.
+    """The longest sequence in [longest_low, longest_high] that fits, to ``longest_granularity`` tokens:
+    doubling from ``longest_low`` until a probe fails (long probes are slow: never start at the top),
+    then bisection between the last fit and the first failure.
 
     ``probe_fn(scenario, system, seq_len) -> {"fits": bool, ...}`` (default: ``probe``, fresh processes).
     Assumes a longer sequence never needs less memory, as every system's activations grow with it.
@@ -132,11 +145,18 @@ def longest_sequence(scenario: Scenario, system: str, *, progress=None, probe_fn
             progress.update(1)
         return result["fits"]
 
-    low, high = scenario.longest_low, scenario.longest_high
+    low, cap = scenario.longest_low, scenario.longest_high
     if not fits(low):
         return {"max_seq_len": 0, "probes": probes}
-    if fits(high):
-        return {"max_seq_len": high, "probes": probes, "capped": True}
+    high = None
+    while high is None:
+        nxt = min(2 * low, cap)
+        if fits(nxt):
+            if nxt == cap:
+                return {"max_seq_len": cap, "probes": probes, "capped": True}
+            low = nxt
+        else:
+            high = nxt
     while high - low > scenario.longest_granularity:
         mid = (low + high) // 2
         mid -= mid % 8

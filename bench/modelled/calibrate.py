@@ -2,11 +2,12 @@
 
     errors = calibrate({"roundrobin": 812.0, "zero-infinity": 455.0}, point=cpu_point(shape))
 
-``measured`` maps a system name to its measured tokens/s (the measured mode's output, when it lands);
-the prediction for each comes from the ``cpu`` hardware profile measured on that machine
-(``cpu_profile``), at the same shape, devices, sequence and batch. The error is predicted over measured
-minus one: +0.25 means the model is 25% optimistic. Status: the measured CPU runs do not exist yet, so
-no calibration has been done; the unit test feeds a stand-in dict.
+``measured`` maps a system name to its measured tokens/s (``python -m bench.measured`` feeds it: its
+``calibration`` module builds the point from the scenario and writes the table into
+bench/results/measured.md); the prediction for each comes from the ``cpu`` hardware profile measured on
+that machine (``cpu_profile``), at the same shape, devices, sequence and batch. The error is predicted
+over measured minus one: +0.25 means the model is 25% optimistic. The models are not refitted to the
+measured numbers: the table reports how far they are.
 """
 
 from __future__ import annotations

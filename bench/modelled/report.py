@@ -297,8 +297,12 @@ def write_plots(grid: Grid, folder: Path) -> list[str]:
     fig.tight_layout()
     fig.savefig(folder / "modelled_scaling.png", dpi=110)
     plt.close(fig)
+    from .plots import per_hardware, versus_sequence
+
+    extra = per_hardware(grid, folder, plt, names, colour, MODELS, HARDWARE_NAMES)
+    extra += versus_sequence(folder, plt, names, colour)
     return ["## Plots (modelled)", "", "![8x RTX 4090](modelled_rtx4090.png)", "",
-            "![scaling](modelled_scaling.png)", ""]
+            "![scaling](modelled_scaling.png)", "", *extra]
 
 
 __all__ = ["Grid", "point", "systems", "write_report"]
