@@ -11,7 +11,8 @@ groups (asymmetric splitting), and the last ``last_layers`` layers form one fuse
 ``Schedule.meta`` holds the cut as integers, so text and CSV keep it: ``forward_layers`` (layer counts
 of the forward groups, first layers first), ``last_layers`` (one count), ``backward_layers`` (layer
 counts of the backward groups, first layers first; they run last-to-first). ``pool_groups(schedule)``
-reads it back.
+reads it back. An optional ``round_size`` (RoundPipe's rounds, ``bench/schedules/roundpipe_reference``)
+makes each round's run of a stage a job of its own that may go to another device (no LOAD/STORE then).
 
 **Events.** ``("F", j, m)``: the output of forward job j for micro-batch m (its stage inputs are kept in
 host memory, so any later job may read them); ``("R", j, m)``: backward job j recomputed m;
@@ -219,6 +220,9 @@ class RoundRobinLayout:
             if action.stage < groups.num_stages and _meaningless(action, groups.role(action.stage)):
                 problems.append(_meaningless(action, groups.role(action.stage)))
         transfers = any(a.kind in (Kind.LOAD, Kind.STORE) for a in counts)
+        round_size = round_size_of(schedule)
+        if round_size is not None:
+            return problems + _round_problems(schedule, groups, round_size, transfers, counts)
         for j in range(groups.num_stages):
             role = groups.role(j)
             if len(workers[j]) > 1:
@@ -230,6 +234,37 @@ class RoundRobinLayout:
             if transfers:
                 problems += _transfer_problems(schedule, j, role)
         return problems
+
+
+def round_size_of(schedule) -> int | None:
+    """``meta.round_size``: micro-batches per round when a stage's jobs are dealt per round (RoundPipe
+    dispatches rounds of up to N micro-batches, each round's run of a stage a job of its own)."""
+    value = schedule.meta.get("round_size")
+    if value is None:
+        return None
+    if len(value) != 1 or value[0] < 1:
+        raise ValueError(f"meta.round_size must be one integer >= 1, got {list(value)}")
+    return value[0]
+
+
+def _round_problems(schedule, groups: PoolGroups, round_size: int, transfers: bool, counts: Counter) -> list[str]:
+    """With rounds, a job is (stage, round): each on one device, every micro-batch's actions once."""
+    if transfers:
+        return ["LOAD/STORE are not modelled per round: generate a schedule with meta.round_size without them"]
+    problems, devices = [], defaultdict(set)
+    for worker, _, action in schedule.all_actions():
+        if action.microbatch is not None:
+            devices[(action.stage, action.microbatch // round_size)].add(worker)
+    for (j, r), where in sorted(devices.items()):
+        if len(where) > 1:
+            problems.append(f"job {j} of round {r} runs on devices {sorted(where)}; a job runs on one device")
+    for j in range(groups.num_stages):
+        role = groups.role(j)
+        for m in range(schedule.num_microbatches):
+            for kind in _ROLE_KINDS[role]:
+                if counts[Action(j, kind, m)] != 1:
+                    problems.append(f"{role} job {j} has {counts[Action(j, kind, m)]} of {Action(j, kind, m)}, needs 1")
+    return problems
 
 
 def _meaningless(action: Action, role: str) -> str | None:

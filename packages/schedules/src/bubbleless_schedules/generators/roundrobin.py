@@ -18,6 +18,15 @@ Options (all optional):
   layers, so each device gets a few jobs; under ``memory_limit``, small enough that a device's peak
   (one micro-batch of its largest group, ``n * p / L`` M_B) fits.
 - ``weight_transfers``: insert LOAD/STORE (default True; ``lowering.add_weight_transfers`` places them).
+- ``layer_costs``: a ``Costs`` whose fields are sequences with one value per layer, in model order with
+  the LM head last (``recompute`` defaults to ``forward``, scalars apply to every layer). The generator
+  then chooses the cut and the dispatch itself, judged by the simulator (``roundrobin_search``): jobs go
+  to the device that frees first, recompute may run ahead of the gradient into the waits, and the cut
+  may taper at both ends to shorten the wavefront's fill and drain. ``costs`` is then not used; the
+  cut options above, when given, pin the cut. Simulate the result with
+  ``roundrobin_cut.job_costs(layer_costs, pool_groups(schedule))``.
+- ``recompute_ahead``: with ``layer_costs``, how many micro-batches a device may recompute before their
+  backward (1 is RoundPipe's one-at-a-time; default: the faster of 1 and 2 within ``memory_limit``).
 """
 
 from __future__ import annotations
@@ -31,6 +40,8 @@ from ..lowering import add_weight_transfers
 from ..registry import register
 from ..roundrobin_layout import PoolGroups
 from ..schedule import Schedule
+from .roundrobin_cut import check_layer_costs
+from .roundrobin_search import search
 
 
 @register("roundrobin")
@@ -45,14 +56,40 @@ def roundrobin(
     forward_stages: int | Sequence[int] | None = None,
     backward_stages: int | Sequence[int] | None = None,
     weight_transfers: bool = True,
+    layer_costs: Costs | None = None,
+    recompute_ahead: int | None = None,
 ) -> Schedule:
     """Stage jobs over all micro-batches, dealt round-robin to ``num_ranks`` pool devices."""
+    if layer_costs is not None:
+        return _from_layer_costs(
+            layer_costs, num_ranks=num_ranks, num_microbatches=num_microbatches, memory_limit=memory_limit,
+            num_layers=num_layers, last_layers=last_layers, forward_stages=forward_stages,
+            backward_stages=backward_stages, weight_transfers=weight_transfers, recompute_ahead=recompute_ahead,
+        )
+    if recompute_ahead is not None:
+        raise ValueError("roundrobin option recompute_ahead needs layer_costs= (per-layer costs to dispatch by)")
     groups = pool_cut(
         num_ranks=num_ranks, costs=costs, memory_limit=memory_limit, num_layers=num_layers,
         last_layers=last_layers, forward_stages=forward_stages, backward_stages=backward_stages,
     )
     schedule = dispatch(groups, num_ranks, num_microbatches)
     return add_weight_transfers(schedule) if weight_transfers else schedule
+
+
+def _from_layer_costs(layer_costs, *, num_ranks, num_microbatches, memory_limit, num_layers, last_layers,
+                      forward_stages, backward_stages, weight_transfers, recompute_ahead) -> Schedule:
+    count = check_layer_costs(layer_costs)
+    if num_layers is not None and num_layers != count:
+        raise ValueError(f"roundrobin: num_layers={num_layers} but layer_costs give {count} layers; drop num_layers "
+                         f"or give one cost per layer")
+    if recompute_ahead is not None:
+        _check_count("recompute_ahead", recompute_ahead, 1)
+    pinned = None
+    if any(x is not None for x in (last_layers, forward_stages, backward_stages)):
+        pinned = pool_cut(num_ranks=num_ranks, costs=Costs.unit(), memory_limit=None, num_layers=count,
+                          last_layers=last_layers, forward_stages=forward_stages, backward_stages=backward_stages)
+    return search(layer_costs, num_devices=num_ranks, num_microbatches=num_microbatches, memory_limit=memory_limit,
+                  pinned=pinned, ahead=recompute_ahead, weight_transfers=weight_transfers)
 
 
 _JOB_ACTIONS = {"forward": (Kind.F,), "last": (Kind.F, Kind.B), "backward": (Kind.R, Kind.B)}

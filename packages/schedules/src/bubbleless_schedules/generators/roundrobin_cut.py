@@ -1,0 +1,115 @@
+"""Candidate cuts of a per-layer profile for the round-robin pool, tried by the simulator.
+
+A cut packs layers greedily under a job-time cap per micro-batch (forward: F per layer; backward: R + B;
+the fused last group: F + B of the LM head and the layers below it that fit). The wavefront's fill and
+drain are paced by the first jobs' and the last jobs' micro-batch times: device d starts its first job
+only when micro-batch 0 has passed the d jobs before it. So a cut may *taper*: its first forward groups
+and its last-run backward groups (the model's first layers) hold fewer layers, the fill and drain get
+shorter and the devices that run those short jobs take further jobs sooner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..costs import Costs
+from ..roundrobin_layout import PoolGroups
+
+LAYER_FIELDS = ("forward", "backward_input", "backward_weight", "recompute", "load", "store")
+
+
+def check_layer_costs(layer_costs: Costs) -> int:
+    """The layer count (LM head last) when every sequence field has one value per layer."""
+    if not isinstance(layer_costs, Costs):
+        raise ValueError(f"layer_costs must be a Costs with one value per layer, got {type(layer_costs).__name__}")
+    lengths = {name: len(getattr(layer_costs, name)) for name in LAYER_FIELDS
+               if isinstance(getattr(layer_costs, name), tuple)}
+    if "forward" not in lengths:
+        raise ValueError("layer_costs.forward must be a sequence with one value per layer (the LM head last)")
+    if len(set(lengths.values())) > 1:
+        raise ValueError(f"layer_costs sequences differ in length ({lengths}); give each field one value per layer, "
+                         "in model order with the LM head last")
+    count = lengths["forward"]
+    if count < 1:
+        raise ValueError("layer_costs need at least one layer")
+    return count
+
+
+def layer(layer_costs: Costs, name: str, index: int) -> float:
+    value = getattr(layer_costs, name)
+    if name == "recompute" and value is None:
+        value = layer_costs.forward
+    return float(value[index]) if isinstance(value, tuple) else float(value)
+
+
+def job_costs(layer_costs: Costs, groups: PoolGroups) -> Costs:
+    """Per-job costs (the layout's per-stage sequences): each job's layers summed; forward jobs no B."""
+    sums = {name: [] for name in LAYER_FIELDS}
+    for job in range(groups.num_stages):
+        role = groups.role(job)
+        for name, values in sums.items():
+            total = sum(layer(layer_costs, name, i) for i in groups.layers(job))
+            values.append(0.0 if role == "forward" and name in ("backward_input", "backward_weight", "store")
+                          else total)
+    return Costs(tuple(sums["forward"]), tuple(sums["backward_input"]), tuple(sums["backward_weight"]),
+                 layer_costs.comm, recompute=tuple(sums["recompute"]), load=tuple(sums["load"]),
+                 store=tuple(sums["store"]))
+
+
+def _pack(times: Sequence[float], caps: Sequence[float]) -> tuple[int, ...]:
+    """Greedy in order; group g fills up to ``caps[min(g, len(caps) - 1)]``."""
+    counts, total = [], None
+    for t in times:
+        cap = caps[min(len(counts) - 1, len(caps) - 1)] if counts else 0.0
+        if total is not None and total + t <= cap + 1e-12:
+            counts[-1] += 1
+            total += t
+        else:
+            counts.append(1)
+            total = t
+    return tuple(counts)
+
+
+def tapered_cut(layer_costs: Costs, cap: float, *, forward_cap: float | None = None, taper: int = 0) -> PoolGroups:
+    """Groups under ``cap`` (backward, the fused group) and ``forward_cap`` (forward, default ``cap``); with
+    ``taper`` t, the first t forward groups and the last t backward groups to run get caps of
+    1/(t+1), 2/(t+1), ... of the full cap."""
+    count = check_layer_costs(layer_costs)
+    forward_cap = cap if forward_cap is None else forward_cap
+    f = [layer(layer_costs, "forward", i) for i in range(count)]
+    b = [layer(layer_costs, "backward_input", i) + layer(layer_costs, "backward_weight", i) for i in range(count)]
+    last, fused = 1, f[-1] + b[-1]
+    while last < count and fused + f[-1 - last] + b[-1 - last] <= cap + 1e-12:
+        fused += f[-1 - last] + b[-1 - last]
+        last += 1
+    body = count - last
+    if body == 0:
+        return PoolGroups((), last, ())
+    steps = [(k + 1) / (taper + 1) for k in range(taper)] + [1.0]
+    forward = _pack(f[:body], [forward_cap * s for s in steps])
+    back = [layer(layer_costs, "recompute", i) + b[i] for i in range(body)]
+    backward = _pack(back, [cap * s for s in steps])  # first layers first: they run last
+    return PoolGroups(forward, last, backward)
+
+
+FACTORS = (0.8, 0.9, 1.0, 1.1, 1.3)
+"""Job-time caps tried, in units of the slowest layer's job time (RoundPipe tries 1.0 to 1.1)."""
+
+
+def candidate_cuts(layer_costs: Costs, *, memory_fits=None) -> list[PoolGroups]:
+    """Distinct cuts over caps around the slowest layer's job time, forward caps and tapers."""
+    count = check_layer_costs(layer_costs)
+    slowest = max(
+        layer(layer_costs, "forward", i) + layer(layer_costs, "backward_input", i)
+        + layer(layer_costs, "backward_weight", i) + (layer(layer_costs, "recompute", i) if i < count - 1 else 0.0)
+        for i in range(count)
+    )
+    cuts: list[PoolGroups] = []
+    for factor in FACTORS:
+        for forward_factor in (0.8, 1.0):
+            for taper in (0, 1, 2):
+                groups = tapered_cut(layer_costs, slowest * factor, forward_cap=slowest * factor * forward_factor,
+                                     taper=taper)
+                if groups not in cuts and (memory_fits is None or memory_fits(groups)):
+                    cuts.append(groups)
+    return cuts

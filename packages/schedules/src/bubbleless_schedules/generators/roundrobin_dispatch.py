@@ -1,0 +1,162 @@
+"""The order of actions on each pool device: a list scheduler that fills waits with recompute.
+
+RoundPipe runs a backward job's micro-batches strictly as R(m) B(m) R(m+1) B(m+1) ..., so a device
+whose gradient for m has not arrived can only recompute m itself. Here every device decides, each time
+it is free, from what has happened so far (a discrete-event run in time order):
+
+1. the current job's next B when its gradient is already there (the critical path first);
+2. else the current job's next F (forward and fused last jobs, in micro-batch order);
+3. else, while fewer than ``ahead`` micro-batches are recomputed but not yet backpropagated on the
+   device, the next R of the current job, or else of the device's next job (whose weights the pool
+   has already prefetched, see ``pool_worker.load``): recompute of micro-batch m needs only m's saved
+   input, so it may run long before m's gradient, in the wait for it;
+4. else wait for the earliest of those to become possible.
+
+Jobs are dealt to devices round-robin (job k to device k mod N), each device takes its jobs in order,
+and only R may run ahead into the next job, so at most two jobs' weights are ever needed on a device.
+``ahead`` bounds activation memory: a device holds at most ``ahead`` micro-batches of its largest
+group (1 is RoundPipe's order). The simulator judges the result; this only chooses the order.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+from ..action import Action, Kind
+from ..roundrobin_layout import PoolGroups
+
+
+@dataclass(frozen=True)
+class JobTimes:
+    """Per job (stage), the time of one micro-batch of each action kind."""
+
+    forward: tuple[float, ...]
+    recompute: tuple[float, ...]
+    backward: tuple[float, ...]
+    comm: float = 0.0
+
+
+def list_dispatch(groups: PoolGroups, times: JobTimes, num_devices: int, num_microbatches: int,
+                  ahead: int, round_size: int | None = None) -> tuple[list[list[Action]], float]:
+    """Each device's action order (see the module docstring) and the makespan the list scheduler saw
+    (at least what the simulator gives for that order: it replays each action as early as possible)."""
+    count, mbs = groups.num_stages, num_microbatches
+    size = mbs if round_size is None else round_size
+    units = [(job, range(r, min(r + size, mbs))) for r in range(0, mbs, size) for job in range(count)]
+    feeds = []
+    for job in range(count):
+        if groups.role(job) == "backward":
+            start = groups.layers(job).start
+            feeds.append(groups.forward_stage_holding(start - 1) if start > 0 else None)
+        else:
+            feeds.append(job - 1 if job > 0 else None)
+    done_f = [[None] * mbs for _ in range(count)]  # (end, device) of F per micro-batch
+    done_g = [[None] * mbs for _ in range(count)]  # (end, device) of B per micro-batch
+    progress = [[0, 0, 0] for _ in units]  # per unit: F, R, B done (indices into its micro-batches)
+    taken = [[] for _ in range(num_devices)]  # the device's current unit and at most one next unit
+    held = [0] * num_devices
+    rows: list[list[Action]] = [[] for _ in range(num_devices)]
+    comm = times.comm
+    dealt = 0
+
+    def arrival(event, device):
+        if event is None:
+            return None
+        end, where = event
+        return end + (comm if where != device else 0.0)
+
+    def input_of(job, m, device):
+        source = feeds[job]
+        return 0.0 if source is None else arrival(done_f[source][m], device)
+
+    def candidates(device):
+        """(ready time or None, priority, unit, kind, micro-batch) the device may run next."""
+        found = []
+        if not taken[device]:
+            return found
+        unit = taken[device][0]
+        job, mine = units[unit]
+        role = groups.role(job)
+        f, r, b = progress[unit]
+        if role != "backward":
+            if role == "last" and b < f:  # the fused group: B right after its F
+                found.append((done_f[job][mine[b]][0], 0, unit, Kind.B, mine[b]))
+            elif f < len(mine):
+                found.append((input_of(job, mine[f], device), 1, unit, Kind.F, mine[f]))
+            return found
+        if b < r:
+            found.append((arrival(done_g[job - 1][mine[b]], device), 0, unit, Kind.B, mine[b]))
+        if held[device] < ahead:
+            for other in taken[device]:
+                other_job, other_mbs = units[other]
+                nr = progress[other][1]
+                if groups.role(other_job) == "backward" and nr < len(other_mbs):
+                    found.append((input_of(other_job, other_mbs[nr], device), 2, other, Kind.R, other_mbs[nr]))
+                    break
+        return found
+
+    def take(device) -> bool:
+        nonlocal dealt
+        if dealt >= len(units):
+            return False
+        if taken[device] and units[dealt][0] == units[taken[device][0]][0]:
+            return False  # two rounds of one stage never share a device's weights
+        taken[device].append(dealt)
+        dealt += 1
+        return True
+
+    free = [0.0] * num_devices
+    heap = [(0.0, d) for d in range(num_devices)]
+    waiting: set[int] = set()
+    while heap:
+        now, device = heapq.heappop(heap)
+        if now < free[device] - 1e-12:
+            continue
+        if not taken[device] and not take(device):
+            continue
+        found = candidates(device)
+        startable = [c for c in found if c[0] is not None and c[0] <= now + 1e-12]
+        if not startable and ahead > 1 and len(taken[device]) == 1 and groups.role(units[taken[device][0]][0]) \
+                == "backward" and progress[taken[device][0]][1] == len(units[taken[device][0]][1]) and take(device):
+            found = candidates(device)  # recompute ahead into the next unit while this one waits
+            startable = [c for c in found if c[0] is not None and c[0] <= now + 1e-12]
+        if not startable:
+            known = [c[0] for c in found if c[0] is not None]
+            waiting.add(device)
+            if known:
+                heapq.heappush(heap, (max(min(known), now), device))
+            continue
+        _, _, unit, kind, m = min(startable, key=lambda c: (c[1], c[0]))
+        waiting.discard(device)
+        job = units[unit][0]
+        state = progress[unit]
+        if kind is Kind.F:
+            state[0] += 1
+            duration = times.forward[job]
+        elif kind is Kind.R:
+            state[1] += 1
+            held[device] += 1
+            duration = times.recompute[job]
+        else:
+            state[2] += 1
+            if groups.role(job) == "backward":
+                held[device] -= 1
+            duration = times.backward[job]
+        end = now + duration
+        rows[device].append(Action(job, kind, m))
+        if kind is Kind.F:
+            done_f[job][m] = (end, device)
+        elif kind is Kind.B:
+            done_g[job][m] = (end, device)
+        current = taken[device][0]
+        finished = progress[current][2 if groups.role(units[current][0]) != "forward" else 0]
+        if finished == len(units[current][1]):
+            taken[device].pop(0)
+        free[device] = end
+        heapq.heappush(heap, (end, device))
+        for other in list(waiting):  # a new event may unblock a device that waits on it
+            heapq.heappush(heap, (max(end + (comm if other != device else 0.0), free[other]), other))
+    if dealt < len(units) or any(taken):
+        raise AssertionError("list dispatch left jobs unfinished")
+    return rows, max(free)
