@@ -291,3 +291,35 @@ def test_rt_pool_interrupt_in_the_caller_stops_every_worker_and_the_next_step_wo
     assert all(p.grad is None for p in model.parameters())
     loss = pipe.step(inputs, targets)
     _assert_same(model, ref, inputs, targets, 4, loss)
+
+
+def test_rt_pool_runs_the_layer_cost_dispatch_with_recompute_ahead():
+    """``roundrobin`` with layer_costs may start the next job's recompute before the current job ends and
+    deal jobs to the first free device: the pool runs that order, never holds three jobs' weights, and
+    the gradients equal the unpipelined model's."""
+    from bubbleless_schedules import Costs
+    from bubbleless_schedules.roundrobin_layout import pool_groups
+
+    model, ref = tiny_model(8), tiny_model(8)
+    inputs, targets = tiny_batch(8)
+    layer_costs = Costs([1.0] * 7 + [3.0], [1.2] * 7 + [3.0], [1.2] * 7 + [3.0], 0.1)
+    schedule = generate("roundrobin", num_ranks=2, num_microbatches=4, layer_costs=layer_costs,
+                        backward_stages=[1, 1, 1, 1, 1, 1], last_layers=2, forward_stages=[3, 3], recompute_ahead=2)
+    ahead = any(a.kind.value == "R" and any(b.kind.value == "B" and b.stage != a.stage for b in row[i + 1:])
+                for row in schedule.actions for i, a in enumerate(row))
+    assert ahead, schedule.render()  # some device recomputes into its next job while the current one waits
+    pipe = RoundRobinPipeline(model, devices=["cpu", "cpu"], num_microbatches=4, loss_fn=tiny_loss,
+                              schedule=schedule, partition=pool_groups(schedule), timeout=60)
+    live = []
+    for worker in pipe.workers:
+        original = worker.weights.load
+
+        def load(layers, worker=worker, original=original):
+            job = original(layers)
+            live.append(len(worker.weights._live))
+            return job
+
+        worker.weights.load = load
+    loss = pipe.step(inputs, targets)
+    _assert_same(model, ref, inputs, targets, 4, loss)
+    assert max(live) <= 2

@@ -93,6 +93,8 @@ class DeviceWorker:
         self.reserved: dict = {}  # (job, mb) -> activation bytes reserved on the budget
         jobs = list(dict.fromkeys(a.stage for a in self.actions))
         self.next_job = dict(zip(jobs, jobs[1:], strict=False))
+        self.job_index = {job: i for i, job in enumerate(jobs)}
+        self.finished: set = set()  # jobs whose weights this step already dropped (never re-prefetched)
         self.last_action = {a.stage: a for a in self.actions}  # a job's weights go after its last action here
         self.name = f"device {index} ({device})"
 
@@ -103,6 +105,7 @@ class DeviceWorker:
 
     def reset(self) -> None:
         """Drop everything a failed step left on the device, so the next step starts clean."""
+        self.finished.clear()
         self.graphs.clear()
         for nbytes in self.reserved.values():
             self.budget.free(nbytes)
@@ -162,6 +165,19 @@ class DeviceWorker:
     def _release_if_done(self, action: Action) -> None:
         if self.last_action[action.stage] == action and action.stage in self.loaded:
             self.weights.release(self.loaded.pop(action.stage))
+            self.finished.add(action.stage)
+            self._prefetch()
+
+    def _prefetch(self) -> None:
+        """Upload the job after the latest loaded one while fewer than two jobs' weights are here. A
+        schedule may start the next job's recompute before this job ends (``roundrobin`` with layer
+        costs): its LOAD then finds the weights prefetched and must not bring a third job."""
+        if not self.loaded or len(self.loaded) >= 2:
+            return
+        latest = max(self.loaded, key=self.job_index.__getitem__)
+        upcoming = self.next_job.get(latest)
+        if upcoming is not None and upcoming not in self.loaded and upcoming not in self.finished:
+            self.loaded[upcoming] = self.weights.load(self.groups.layers(upcoming))
 
     def _leaves(self, x):
         tensors = as_tuple(x)
@@ -207,9 +223,7 @@ def load(worker: DeviceWorker, action: Action, state: WorkerState) -> None:
     job = action.stage
     if job not in worker.loaded:
         worker.loaded[job] = worker.weights.load(worker.groups.layers(job))
-    upcoming = worker.next_job.get(job)
-    if upcoming is not None and upcoming not in worker.loaded:  # prefetch: copies overlap this job's compute
-        worker.loaded[upcoming] = worker.weights.load(worker.groups.layers(upcoming))
+    worker._prefetch()
     worker._publish(action, state)
 
 
@@ -293,6 +307,8 @@ def store(worker: DeviceWorker, action: Action, state: WorkerState) -> None:
     loaded = worker.loaded.pop(action.stage)
     worker.weights.store_grads(loaded).synchronize()
     worker.weights.release(loaded)
+    worker.finished.add(action.stage)
+    worker._prefetch()
     worker._publish(action, state)
 
 
@@ -305,6 +321,7 @@ POOL = Interpreter(
 
 def run_worker(worker: DeviceWorker, state: WorkerState, interpreter: Interpreter, autocast) -> None:
     """A worker thread's body: the device's actions under the caller's autocast setting."""
+    worker.finished.clear()
     if worker.device.type == "cuda":
         torch.cuda.set_device(worker.device)
     # A new thread's OpenMP team is every core until an ATen parallel region applies torch's thread
