@@ -1,0 +1,114 @@
+"""``roundrobin`` with per-layer costs against an independent RoundPipe dispatch, and the steady state."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from bubbleless_schedules import Costs, generate, simulate, validate
+from bubbleless_schedules.generators.roundrobin_cut import job_costs
+from bubbleless_schedules.roundrobin_layout import PoolGroups, pool_groups
+from bubbleless_schedules.simulate import peak_memory
+from bubbleless_schedules.simulate_steady import steady_state
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+from bench.schedules import roundpipe_reference as rp  # noqa: E402
+
+
+def profile(layers: int, head: float, backward: float, comm: float = 0.1) -> Costs:
+    """RoundPipe-like: F 1 per layer, B ``backward`` x F split evenly into I and W, the head last."""
+    half = backward / 2
+    return Costs([1.0] * layers + [head], [half] * layers + [head], [half] * layers + [head], comm)
+
+
+SMALL = {"8 layers, 4 devices": (profile(8, 2.0, 2.2), 4, 8), "12 layers, 4 devices": (profile(12, 3.0, 2.6), 4, 6),
+         "6 layers, 2 devices": (profile(6, 1.5, 3.0), 2, 5), "16 layers, 8 devices": (profile(16, 2.4, 2.3), 8, 8)}
+
+
+def test_reference_recurrence_equals_the_shared_simulator():
+    layer_costs = profile(12, 3.0, 2.6)
+    result = rp.roundpipe(layer_costs, num_devices=4, num_microbatches=10)  # two full rounds and one of 2
+    validate(result.schedule)
+    assert simulate(result.schedule, result.costs).makespan == pytest.approx(result.makespan)
+    assert result.schedule.meta["round_size"] == (4,)
+
+
+def test_reference_cut_fuses_the_head_and_packs_three_times_the_forward_layers():
+    groups = rp.roundpipe_cut(profile(12, 3.0, 2.0, comm=0.0), cap=9.0)  # head F+B = 9, R+B per layer 3
+    assert groups.last == 1 and groups.backward == (3, 3, 3, 3) and groups.forward == (9, 3)
+
+
+@pytest.mark.parametrize("case", list(SMALL))
+def test_ours_is_no_slower_than_roundpipe_dispatch_on_small_profiles(case):
+    layer_costs, devices, microbatches = SMALL[case]
+    ours = generate("roundrobin", num_ranks=devices, num_microbatches=microbatches, layer_costs=layer_costs)
+    ours_span = simulate(ours, job_costs(layer_costs, pool_groups(ours))).makespan
+    # RoundPipe over its own partitioner's cuts and over our cut: the comparison isolates the dispatch too
+    theirs = rp.roundpipe(layer_costs, num_devices=devices, num_microbatches=microbatches,
+                          extra_cuts=[pool_groups(ours)])
+    assert ours_span <= theirs.makespan + 1e-9, (ours_span, theirs.makespan)
+
+
+def test_pinned_cut_and_recompute_ahead_one_is_roundpipes_order_in_one_round():
+    layer_costs = profile(8, 2.0, 2.2)
+    pinned = {"forward_stages": [4, 4], "last_layers": 1, "backward_stages": [2, 2, 2, 2]}
+    ours = generate("roundrobin", num_ranks=4, num_microbatches=4, layer_costs=layer_costs, recompute_ahead=1,
+                    weight_transfers=False, **pinned)
+    assert pool_groups(ours) == PoolGroups((4, 4), 1, (2, 2, 2, 2))
+    theirs = rp.dispatch(pool_groups(ours), rp.job_costs(layer_costs, pool_groups(ours)), num_devices=4,
+                         num_microbatches=4)
+    assert simulate(ours, job_costs(layer_costs, pool_groups(ours))).makespan <= theirs.makespan + 1e-9
+    assert max(peak_memory(ours)) <= max(peak_memory(theirs.schedule)) + 1e-9  # one micro-batch held at a time
+
+
+def test_memory_limit_bounds_the_recompute_look_ahead():
+    layer_costs = profile(8, 2.0, 2.2)
+    free = generate("roundrobin", num_ranks=4, num_microbatches=8, layer_costs=layer_costs, recompute_ahead=2)
+    capped = generate("roundrobin", num_ranks=4, num_microbatches=8, layer_costs=layer_costs, memory_limit=1.0)
+    assert max(peak_memory(capped)) <= 1.0 + 1e-9
+    assert max(peak_memory(free)) > 0
+    with pytest.raises(ValueError, match="memory_limit=0.1"):
+        generate("roundrobin", num_ranks=4, num_microbatches=8, layer_costs=layer_costs, memory_limit=0.1)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"layer_costs": Costs([1.0] * 4, [1.0] * 3, [1.0] * 4)}, "differ in length"),
+    ({"layer_costs": Costs(1.0, 1.0, 1.0)}, "one value per layer"),
+    ({"layer_costs": Costs([1.0] * 4, 1.0, 1.0), "num_layers": 5}, "num_layers=5"),
+    ({"layer_costs": Costs([1.0] * 4, 1.0, 1.0), "recompute_ahead": 0}, "recompute_ahead"),
+    ({"recompute_ahead": 2}, "needs layer_costs"),
+    ({"layer_costs": Costs([1.0] * 4, 1.0, 1.0), "backward_stages": [1, 1], "last_layers": 1}, "covers 2 layers"),
+])
+def test_layer_cost_errors_say_what_to_change(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        generate("roundrobin", num_ranks=2, num_microbatches=2, **kwargs)
+
+
+def test_steady_state_overlaps_iterations_and_is_below_single_bubble():
+    layer_costs = profile(12, 3.0, 2.6)
+    ours = generate("roundrobin", num_ranks=4, num_microbatches=8, layer_costs=layer_costs)
+    costs = job_costs(layer_costs, pool_groups(ours))
+    state = steady_state(ours, costs, iterations=4)
+    assert state.makespan == pytest.approx(simulate(ours, costs).makespan)
+    assert state.period < state.makespan  # the next iteration fills this one's drain
+    assert state.steady_bubble < state.bubble
+    work = sum(s.end - s.start for s in simulate(ours, costs).spans)
+    assert state.period >= work / 4 - 1e-9  # never faster than the devices' work allows
+
+
+def test_steady_state_of_a_stage_bound_schedule_and_bad_iterations():
+    schedule = generate("1f1b", num_ranks=4, num_microbatches=8)
+    state = steady_state(schedule)
+    assert state.shift == 0 and state.period <= state.makespan + 1e-9
+    with pytest.raises(ValueError, match="iterations must be an integer >= 2"):
+        steady_state(schedule, iterations=1)
+
+
+def test_round_size_layout_refuses_a_round_split_over_devices():
+    result = rp.roundpipe(profile(8, 2.0, 2.2), num_devices=4, num_microbatches=8)
+    rows = [list(row) for row in result.schedule.actions]
+    moved = next(a for a in rows[0] if a.microbatch == 1)  # one micro-batch of a round-0 job elsewhere
+    rows[0].remove(moved)
+    rows[1].append(moved)
+    with pytest.raises(ValueError, match="runs on devices"):
+        validate(result.schedule.replace(actions=rows))
