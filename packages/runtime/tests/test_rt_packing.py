@@ -20,7 +20,7 @@ TINY = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_l
             num_key_value_heads=2, max_position_embeddings=128)
 FIELDS = {"llama": TINY, "qwen3": {**TINY, "head_dim": 8}, "qwen3_moe": {
     **TINY, "head_dim": 8, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
-    "router_aux_loss_coef": 0.0}}
+    "router_aux_loss_coef": 0.0}, "qwen2": TINY, "mistral": {**TINY, "head_dim": 8, "sliding_window": 16}}
 
 
 def documents(count: int, seed: int = 0) -> list[Sample]:
@@ -56,7 +56,7 @@ def hf_loss(model, inputs, labels, num_microbatches: int, *, packing: bool):
     return total
 
 
-@pytest.mark.parametrize("architecture", ["llama", "qwen3", "qwen3_moe"])
+@pytest.mark.parametrize("architecture", ["llama", "qwen3", "qwen3_moe", "qwen2", "mistral"])
 @pytest.mark.parametrize("packing", [True, False])
 def test_cut_layers_match_hugging_face(architecture, packing):
     inputs, labels = batch_of(packing)

@@ -15,21 +15,24 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable
 
-from .config import ModelConfig, RunConfig, config_to_dict, load_config, validate
+from .config import RunConfig, config_to_dict, load_config, validate
 from .config_checks import check_schedule, is_schedule_path, pool_groups_of, schedule_from_file, uses_pool
 from .config_runtime import check_before_run
 from .default_config import DEFAULT_CONFIG_YAML
+from .fetch_model import add_fetch_parser, run_fetch
 from .generate import add_generate_parser, run_generate
 from .launch import under_torchrun
 from .metrics import open_metrics
 from .report import RunResult, finish, pool_partition_effect, report
 from .roundrobin_config import ROUNDROBIN_CONFIG_YAML
 from .signals import RunInterrupted, StopRequest, deferred_stop, signal_name
+from .smollm2_config import smollm2_lora_yaml
 
 # --example NAME -> the embedded config it runs
-EXAMPLES: dict[str, str] = {"default": DEFAULT_CONFIG_YAML, "roundrobin": ROUNDROBIN_CONFIG_YAML}
+EXAMPLES: dict[str, str] = {
+    "default": DEFAULT_CONFIG_YAML, "roundrobin": ROUNDROBIN_CONFIG_YAML, "smollm2-lora": smollm2_lora_yaml(),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--example", choices=list(EXAMPLES),
         help="run an embedded example config instead of a file: default (4 CPU ranks, zbv; the same as no "
-             "config) or roundrobin (a pool of 4 CPU devices in one process)",
+             "config), roundrobin (a pool of 4 CPU devices in one process) or smollm2-lora (LoRA fine-tuning of "
+             "SmolLM2-135M on shipped instruction chats; first run bubbleless fetch-example-model smollm2-135m)",
     )
     train.add_argument("--nproc", type=int, help="local ranks to spawn (overrides pipeline.nproc)")
     train.add_argument("--steps", type=int, help="optimizer steps (overrides train.steps)")
@@ -57,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--print-config", action="store_true", help="print the resolved config as YAML and exit"
     )
     add_generate_parser(commands)
+    add_fetch_parser(commands)
     return parser
 
 
@@ -87,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "generate":
         return run_generate(args)
+    if args.command == "fetch-example-model":
+        return run_fetch(args)
     try:
         config = resolve_config(args)
         pool = uses_pool(config.pipeline.schedule)
@@ -265,48 +272,12 @@ def _device(config: RunConfig, rank: int):
     return torch.device("cuda", local_rank % torch.cuda.device_count())
 
 
-def _dense_fields(m: ModelConfig) -> dict:
-    return dict(
-        vocab_size=m.vocab_size, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
-        num_hidden_layers=m.num_layers, num_attention_heads=m.num_heads, num_key_value_heads=m.num_kv_heads,
-        head_dim=m.head_dim, max_position_embeddings=m.max_position_embeddings,
-        tie_word_embeddings=m.tie_embeddings,
-    )  # fmt: skip
-
-
-def _llama_fields(m: ModelConfig) -> dict:
-    fields = _dense_fields(m)
-    fields.pop("head_dim")  # Llama derives it from hidden_size / num_heads
-    return fields
-
-
-def _moe_fields(m: ModelConfig) -> dict:
-    return dict(
-        _dense_fields(m), num_experts=m.num_experts, num_experts_per_tok=m.experts_per_token,
-        moe_intermediate_size=m.moe_intermediate_size, router_aux_loss_coef=m.aux_loss_coef,
-    )  # fmt: skip
-
-
-# model.architecture -> (transformers config fields from the model section, router aux loss coefficient)
-ARCHITECTURE_BUILDERS: dict[str, tuple[Callable[[ModelConfig], dict], Callable[[ModelConfig], float | None]]] = {
-    "qwen3": (_dense_fields, lambda m: None),
-    "llama": (_llama_fields, lambda m: None),
-    "qwen3_moe": (_moe_fields, lambda m: m.aux_loss_coef),
-}
-
-
 def _build_model(config: RunConfig):
+    """The model of ``config.model`` (``models.ARCHITECTURES`` is the one table), LoRA applied, cut."""
     from .lora import apply_lora
-    from .models import build_causal_lm, load_causal_lm, pipeline_model
+    from .models import model_from_config, pipeline_model
 
-    m = config.model
-    aux = None
-    if m.path is not None:
-        model = load_causal_lm(m.path)
-    else:
-        fields, aux_coef = ARCHITECTURE_BUILDERS[m.architecture]
-        model = build_causal_lm(m.architecture, seed=config.train.seed, **fields(m))
-        aux = aux_coef(m)
+    model, aux = model_from_config(config.model, seed=config.train.seed)
     if config.lora.enabled:
         lora = config.lora
         model = apply_lora(
@@ -368,19 +339,18 @@ def _pool_pipeline(config: RunConfig, piped, loss, sample_input):
 def _train(config: RunConfig, *, rank: int, stop: StopRequest | None = None) -> RunResult:
     import torch
 
-    from .data import SyntheticTask
+    from .data_eval import sample_input_of, training_data
     from .trainer import ScaledLoss, Trainer, build_optimizer, seed_everything, warmup_cosine
 
     seed_everything(config.train.seed)
     pool = uses_pool(config.pipeline.schedule)
     piped = _build_model(config)
     loss = ScaledLoss(piped.loss_fn)
-    d = config.data
-    data = SyntheticTask(
-        task=d.task, num_symbols=d.num_symbols, length=d.length, batch_size=d.batch_size, seed=d.seed
-    )
+    data, evaluation, data_summary = training_data(config, rank=rank)  # data.path, else the synthetic task
+    if rank == 0 and data_summary:
+        print(data_summary)
     auto = config.pipeline.partition == "auto"
-    sample_input = data.batch(0)[0].chunk(config.pipeline.num_microbatches)[0] if auto else None
+    sample_input = sample_input_of(data, config.pipeline.num_microbatches) if auto else None
     if pool:
         pipeline = _pool_pipeline(config, piped, loss, sample_input)
     else:
@@ -417,8 +387,11 @@ def _train(config: RunConfig, *, rank: int, stop: StopRequest | None = None) -> 
     while trainer.step < steps:
         stats = trainer.train_step(data)
         losses.append(stats.loss)
+        eval_loss = evaluation.run(trainer) if evaluation is not None and evaluation.due(trainer.step, steps) else None
+        if bar is not None and eval_loss is not None:
+            bar.write(f"step {trainer.step}: eval loss {eval_loss:.4f}")
         if metrics is not None:
-            metrics.log_stats(stats)
+            metrics.log_stats(stats, eval_loss=eval_loss)
         if warm or trainer.step == steps:  # the first step pays one-off setup; keep it out of tokens/s
             tokens, seconds = tokens + stats.tokens, seconds + stats.seconds
         warm = True

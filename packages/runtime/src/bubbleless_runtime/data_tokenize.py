@@ -138,6 +138,7 @@ def tokenize_records(records, format: str, tokenizer, *, train_on_prompt: bool, 
 def save_samples(samples: list[Sample], directory: str) -> None:
     """Write ``samples`` as a ``datasets`` Arrow directory (via a temporary name, renamed when complete)."""
     from datasets import Dataset
+    from datasets.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
     columns = {
         "input_ids": [s.input_ids for s in samples],
@@ -145,7 +146,13 @@ def save_samples(samples: list[Sample], directory: str) -> None:
         "source": [s.source for s in samples],
     }
     partial = f"{directory}.partial-{os.getpid()}"
-    Dataset.from_dict(columns).save_to_disk(partial)
+    quiet = are_progress_bars_disabled()
+    disable_progress_bars()  # a bar for writing a few MB would only clutter the run's output
+    try:
+        Dataset.from_dict(columns).save_to_disk(partial)
+    finally:
+        if not quiet:
+            enable_progress_bars()
     os.makedirs(os.path.dirname(directory) or ".", exist_ok=True)
     try:
         os.rename(partial, directory)

@@ -1,4 +1,4 @@
-"""Hugging Face causal LMs (Llama, Qwen3, Qwen3-MoE) as pipeline layers, with their loss."""
+"""Hugging Face causal LMs (Llama, Qwen2, Qwen3, Qwen3-MoE, Mistral) as pipeline layers, with their loss."""
 
 from .hf import (
     ARCHITECTURES,
@@ -7,7 +7,9 @@ from .hf import (
     build_hf_config,
     checkpoint_key_of,
     load_causal_lm,
+    model_from_config,
     pipeline_model,
+    torch_dtype,
 )
 from .layers import DecoderLayer, EmbeddingLayer, HeadLayer, count_moe_layers, cut_causal_lm
 from .loss import IGNORE_INDEX, CausalLMLoss, chunked_cross_entropy
@@ -27,5 +29,7 @@ __all__ = [
     "count_moe_layers",
     "cut_causal_lm",
     "load_causal_lm",
+    "model_from_config",
     "pipeline_model",
+    "torch_dtype",
 ]

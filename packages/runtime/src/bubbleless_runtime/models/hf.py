@@ -1,6 +1,8 @@
 """Build (from a config, no download) or load (from a local path) the Hugging Face models we cut.
 
-One table maps an architecture name to its transformers classes, so adding an architecture is one line.
+One table (``ARCHITECTURES``) maps an architecture name (a transformers ``model_type``) to its
+transformers classes and to the config fields a ``ModelConfig`` gives it, so adding an architecture
+whose layers ``cut_causal_lm`` can cut is one entry.
 """
 
 from __future__ import annotations
@@ -14,12 +16,54 @@ from torch import nn
 from .layers import count_moe_layers, cut_causal_lm
 from .loss import CausalLMLoss
 
-# architecture name -> (config class name, causal LM class name) in transformers
-ARCHITECTURES: dict[str, tuple[str, str]] = {
-    "llama": ("LlamaConfig", "LlamaForCausalLM"),
-    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
-    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+
+def _dense_fields(m) -> dict:
+    return dict(
+        vocab_size=m.vocab_size, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
+        num_hidden_layers=m.num_layers, num_attention_heads=m.num_heads, num_key_value_heads=m.num_kv_heads,
+        head_dim=m.head_dim, max_position_embeddings=m.max_position_embeddings,
+        tie_word_embeddings=m.tie_embeddings,
+    )  # fmt: skip
+
+
+def _derived_head_fields(m) -> dict:
+    fields = _dense_fields(m)
+    fields.pop("head_dim")  # these derive it from hidden_size / num_heads
+    return fields
+
+
+def _moe_fields(m) -> dict:
+    return dict(
+        _dense_fields(m), num_experts=m.num_experts, num_experts_per_tok=m.experts_per_token,
+        moe_intermediate_size=m.moe_intermediate_size, router_aux_loss_coef=m.aux_loss_coef,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """One causal LM family we cut: its transformers classes and how a ``ModelConfig`` sizes it."""
+
+    config_class: str
+    """Name of the transformers config class."""
+    model_class: str
+    """Name of the transformers ``*ForCausalLM`` class."""
+    fields: Callable = _dense_fields
+    """``ModelConfig`` -> the config class's keyword arguments (for a model built from sizes)."""
+    moe: bool = False
+    """Routes through experts (the config's ``aux_loss_coef`` weighs the load-balancing loss)."""
+
+
+# architecture name (transformers model_type) -> what builds and loads it
+ARCHITECTURES: dict[str, Architecture] = {
+    "qwen3": Architecture("Qwen3Config", "Qwen3ForCausalLM"),
+    "llama": Architecture("LlamaConfig", "LlamaForCausalLM", _derived_head_fields),
+    "qwen3_moe": Architecture("Qwen3MoeConfig", "Qwen3MoeForCausalLM", _moe_fields, moe=True),
+    "qwen2": Architecture("Qwen2Config", "Qwen2ForCausalLM", _derived_head_fields),
+    "mistral": Architecture("MistralConfig", "MistralForCausalLM"),
 }
+
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+"""``model.dtype`` -> the torch dtype's name."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,8 +83,8 @@ def _classes(architecture: str):
 
     if architecture not in ARCHITECTURES:
         raise ValueError(f"unknown architecture {architecture!r}; choose one of {sorted(ARCHITECTURES)}")
-    config_name, model_name = ARCHITECTURES[architecture]
-    return getattr(transformers, config_name), getattr(transformers, model_name)
+    entry = ARCHITECTURES[architecture]
+    return getattr(transformers, entry.config_class), getattr(transformers, entry.model_class)
 
 
 def build_hf_config(architecture: str, **fields):
@@ -61,13 +105,44 @@ def build_causal_lm(architecture: str, *, seed: int | None = None, **fields) -> 
     return model_class(config)
 
 
-def load_causal_lm(path: str | os.PathLike, **kwargs) -> nn.Module:
-    """A causal LM from a local directory (``save_pretrained`` output); never downloads."""
-    from transformers import AutoModelForCausalLM
+def torch_dtype(name: str):
+    """The torch dtype of a ``model.dtype`` name."""
+    import torch
+
+    if name not in DTYPES:
+        raise ValueError(f"model.dtype {name!r} is unknown; choose one of {list(DTYPES)}")
+    return getattr(torch, DTYPES[name])
+
+
+def load_causal_lm(path: str | os.PathLike, *, dtype: str = "fp32", **kwargs) -> nn.Module:
+    """A causal LM from a local directory (``save_pretrained`` output: config, safetensors), its weights
+    in ``dtype``; never downloads. ``ValueError`` for a missing directory or an architecture we do not cut."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     if not os.path.isdir(path):
         raise ValueError(f"model path {str(path)!r} is not a local directory; point model.path at one")
-    return AutoModelForCausalLM.from_pretrained(path, local_files_only=True, **kwargs)
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise ValueError(f"model path {str(path)!r} has no config.json; point model.path at a save_pretrained directory")
+    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    if config.model_type not in ARCHITECTURES:
+        raise ValueError(
+            f"model.path {str(path)!r} holds a {config.model_type!r} model; the pipeline cuts {sorted(ARCHITECTURES)}"
+        )
+    kwargs.setdefault("attn_implementation", "sdpa")
+    return AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch_dtype(dtype), **kwargs)
+
+
+def model_from_config(model_config, *, seed: int | None = None) -> tuple[nn.Module, float | None]:
+    """(the causal LM a ``ModelConfig`` names, the aux-loss coefficient to use or None for the model's own):
+    loaded from ``path`` when set, else built from the sizes with fresh weights (seeded)."""
+    m = model_config
+    if m.path is not None:
+        return load_causal_lm(m.path, dtype=m.dtype), None
+    entry = ARCHITECTURES.get(m.architecture)
+    if entry is None:
+        raise ValueError(f"model.architecture {m.architecture!r} is unknown; choose one of {sorted(ARCHITECTURES)}")
+    model = build_causal_lm(m.architecture, seed=seed, **entry.fields(m))
+    return model.to(torch_dtype(m.dtype)), (m.aux_loss_coef if entry.moe else None)
 
 
 def checkpoint_key_of(model: nn.Module, layers) -> Callable[[str], str]:

@@ -82,7 +82,10 @@ class DecoderLayer(nn.Module):
         object.__setattr__(self, "rotary_emb", rotary_emb)
         object.__setattr__(self, "config", config)
         layer_types = getattr(config, "layer_types", None)
-        self.sliding = bool(layer_types) and layer_types[layer_index] == "sliding_attention"
+        if layer_types:
+            self.sliding = layer_types[layer_index] == "sliding_attention"
+        else:  # Mistral: one sliding_window for every layer, None for full attention
+            self.sliding = getattr(config, "sliding_window", None) is not None
         self.router = _router_of(layer)
         self.num_experts = getattr(config, "num_experts", 0) or 0
         self.top_k = getattr(config, "num_experts_per_tok", 0) or 0
@@ -176,7 +179,7 @@ def cut_causal_lm(model: nn.Module) -> list[nn.Module]:
     if base is None or not all(hasattr(base, n) for n in needed) or not hasattr(causal_lm, "lm_head"):
         raise ValueError(
             f"cannot cut {type(causal_lm).__name__}: expected a *ForCausalLM with .model.embed_tokens, "
-            ".model.layers, .model.norm, .model.rotary_emb and .lm_head (Llama, Qwen3, Qwen3-MoE)"
+            ".model.layers, .model.norm, .model.rotary_emb and .lm_head (Llama, Qwen2, Qwen3, Qwen3-MoE, Mistral)"
         )
     config = causal_lm.config
     num_experts = getattr(config, "num_experts", 0) or 0
