@@ -152,6 +152,11 @@ def test_rt_rank_failures_rank_own_errors_over_deaths_over_stalls_over_comm_erro
         raise_root_cause([comm, stalled(2, None)], 4)
     with pytest.raises(ZeroDivisionError):
         raise_root_cause([comm, dead, reported(1, ZeroDivisionError("x"), "tb")], 4)
+    # a blocking collective (a checkpoint's barrier) fails with a plain RuntimeError: still a consequence
+    gloo = RuntimeError("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out "
+                        "waiting 3000ms for recv operation to complete")
+    with pytest.raises(RankFailure, match="^rank 2 stopped responding"):
+        raise_root_cause([reported(0, gloo, "tb"), stalled(2, None)], 4)
 
 
 def _children(pid: int) -> list[int]:

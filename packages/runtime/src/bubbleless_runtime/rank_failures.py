@@ -26,6 +26,11 @@ _PROCESS_STATES = {"T": "stopped (SIGSTOP or a debugger)", "t": "stopped by a tr
                    "Z": "a zombie"}
 
 
+# what torch.distributed's errors say when a peer is gone or silent (gloo's source paths, NCCL's words)
+_COMM_MARKERS = ("gloo/", "Gloo", "Timed out waiting", "Connection closed by peer", "Connection reset by peer",
+                 "Broken pipe", "NCCL error", "ProcessGroupNCCL", "Watchdog caught collective operation timeout")
+
+
 class RankFailure(RuntimeError):
     """A rank died, stalled or timed out without an exception of its own (see ``rank_failures``)."""
 
@@ -74,10 +79,8 @@ def is_comm_error(exc: BaseException) -> bool:
             return True
     except (ImportError, AttributeError):
         pass
-    text = str(exc)
-    return isinstance(exc, RuntimeError) and any(
-        marker in text for marker in ("Connection closed by peer", "Connection reset by peer", "[gloo", "Gloo")
-    )
+    text = str(exc)  # a blocking collective (barrier, all_gather_object) raises a plain RuntimeError
+    return isinstance(exc, RuntimeError) and any(marker in text for marker in _COMM_MARKERS)
 
 
 def reported(rank: int, exc: BaseException, text: str) -> Failure:
