@@ -125,6 +125,16 @@ def bench_modelled(session: nox.Session) -> None:
     session.run("python", "bench/model.py", "--table", *session.posargs, env=TEST_ENV)
 
 
+@nox.session
+def bench_reliability(session: nox.Session) -> None:
+    """Issue-9 fault injection (not in CI; minutes): SIGKILL/SIGSTOP a rank, SIGKILL/SIGTERM the launcher,
+    SIGKILL during a checkpoint write, each then resumed, and the round-robin pool's faults; records hangs,
+    orphans, checkpoints lost or mistaken and exact resumes in bench/results/reliability.md.
+    `-- --runs N` runs each fault N times (default 3)."""
+    _install(session)
+    session.run("python", "bench/reliability/faults.py", *session.posargs, env=TEST_ENV)
+
+
 BENCH_EXTRAS = ("deepspeed", "pytest-benchmark")
 """What the bench sessions add to the test environment: the real DeepSpeed baseline, the micro-benchmarks."""
 

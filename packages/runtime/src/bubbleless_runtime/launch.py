@@ -35,6 +35,7 @@ from .rank_failures import (
     RankFailure,
     RemoteTraceback,
     died,
+    process_state,
     raise_root_cause,
     reported,
     stalled,
@@ -164,7 +165,7 @@ def _collect(procs, reports, stop: StopRequest, *, timeout, grace, stop_grace) -
             _signal_all(procs, signal.SIGTERM)
         if stop_at is not None and now - stop_at > stop_grace:
             break
-        if failed_at is not None and now - failed_at > grace and stop_at is None:
+        if failed_at is not None and stop_at is None and (now - failed_at > grace or _only_stopped_left(procs, results, errors)):
             break
         if timeout is not None and now - started > timeout:
             errors[-1] = Failure(-1, TIMEOUT, f"spawn: the run exceeded timeout={timeout:g}s")
@@ -189,6 +190,12 @@ def _collect(procs, reports, stop: StopRequest, *, timeout, grace, stop_grace) -
                 elif p.exitcode is not None:
                     errors[rank] = died(rank, p.exitcode)
     return results, list(errors.values())
+
+
+def _only_stopped_left(procs, results, errors) -> bool:
+    """Every rank not yet accounted for is stopped (SIGSTOP): none of them can report, stop waiting."""
+    waiting = [p for rank, p in enumerate(procs) if rank not in results and rank not in errors]
+    return bool(waiting) and all(process_state(p.pid) in ("T", "t") for p in waiting)
 
 
 def _drain(reports, results, errors) -> None:
@@ -216,7 +223,7 @@ def _reap(procs, wait: float = 2.0) -> None:
     also ends a stopped process, where SIGTERM would wait for a SIGCONT that never comes)."""
     deadline = time.monotonic() + wait
     for p in procs:
-        if p.pid is not None:
+        if p.pid is not None and process_state(p.pid) not in ("T", "t"):  # a stopped one never finishes
             p.join(timeout=max(deadline - time.monotonic(), 0.0))
     for p in procs:
         if p.pid is not None:
