@@ -227,7 +227,7 @@ def record(path: Path, tallies: dict[str, Tally], pool: list[dict], args, starte
         "",
         f"Run {started} on {platform.platform()}, {os.cpu_count()} CPUs, load average {load[0]:.2f} before and "
         f"{os.getloadavg()[0]:.2f} after (a machine shared with other engineers' work), Python "
-        f"{platform.python_version()}, torch {torch.__version__}, bubbleless-runtime {__version__}.",
+        f"{platform.python_version()}, torch {torch.__version__}, bubbleless-runtime {__version__}, {_commit()}.",
         "",
         "## `bubbleless train`: one fault per run, then `--resume latest`",
         "",
@@ -265,6 +265,20 @@ def record(path: Path, tallies: dict[str, Tally], pool: list[dict], args, starte
         "",
     ])
     path.write_text(text)
+
+
+def _commit() -> str:
+    """The commit measured: ``BUBBLELESS_COMMIT`` (a run from an export of it), else git's HEAD here."""
+    if os.environ.get("BUBBLELESS_COMMIT"):
+        return f"commit {os.environ['BUBBLELESS_COMMIT']} (a clean export of it)"
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "packages"], capture_output=True, text=True,
+                               cwd=Path(__file__).parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "commit unknown"
+    return f"commit {head}" + (" (package files modified in the tree)" if dirty else "")
 
 
 def main(argv=None) -> int:
