@@ -5,9 +5,10 @@ runs on the previous ones), nothing in iteration i+1 waits for iteration i excep
 themselves: iteration i+1's first forward jobs start on the devices that iteration i's drain leaves
 free. ``steady_state`` runs ``iterations`` copies of the schedule's per-device rows one after another
 on the same event rules as ``simulate`` (events are tagged with their iteration). A pool schedule's
-rows are rotated between iterations (``rotate``) so the next iteration's first job lands on the device
-that finished the previous iteration first, as RoundPipe starts each round on the first free GPU;
-stage-bound schedules keep their ranks.
+rows may be rotated between iterations (iteration k runs device d's rows on device d + k x shift), as
+RoundPipe starts each round on the first free GPU; by default every shift is tried and the shortest
+period kept (stage-bound schedules keep their ranks). Our pool executor runs steps one after another
+and never rotates: these figures are what an asynchronous executor would reach.
 
 The steady-state bubble is ``1 - work / (devices x period)``, the period being the mean distance
 between consecutive iterations' ends. What it leaves out: the optimizer's own time and an iteration
@@ -43,7 +44,7 @@ class SteadyState:
 
 
 def steady_state(schedule: Schedule, costs: Costs | None = None, *, iterations: int = 4,
-                 rotate: bool | None = None) -> SteadyState:
+                 rotate: bool | int | None = None) -> SteadyState:
     """Simulate ``iterations`` back-to-back iterations of ``schedule`` (see the module docstring)."""
     if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 2:
         raise ValueError(f"iterations must be an integer >= 2 (a period needs two iteration ends), got {iterations!r}")
@@ -51,16 +52,24 @@ def steady_state(schedule: Schedule, costs: Costs | None = None, *, iterations: 
     check_costs(costs)
     require_complete(schedule, "steady_state")
     single = simulate(schedule, costs)
-    if rotate is None:
-        rotate = schedule.stage_to_rank is None
-    shift = _shift(single) if rotate else 0
-    requires, produces, durations = action_rules(layout_of(schedule), schedule, costs)
-    ends = _run(schedule, requires, produces, durations, costs.comm, iterations, shift)
-    work = sum(sum(row) for row in durations)
-    period = (ends[-1] - ends[0]) / (iterations - 1)
     devices = schedule.num_workers
+    if rotate is None:
+        shifts = range(devices) if schedule.stage_to_rank is None else (0,)
+    elif rotate is True:
+        shifts = (_shift(single),)
+    else:
+        shifts = (int(rotate) % devices,)
+    requires, produces, durations = action_rules(layout_of(schedule), schedule, costs)
+    period, shift = min(
+        (_period(_run(schedule, requires, produces, durations, costs.comm, iterations, s)), s) for s in shifts
+    )
+    work = sum(sum(row) for row in durations)
     steady = 0.0 if period <= 0 else max(0.0, 1.0 - work / (devices * period))
     return SteadyState(single.makespan, single.bubble_rate, period, steady, shift)
+
+
+def _period(ends: list[float]) -> float:
+    return (ends[-1] - ends[0]) / (len(ends) - 1)
 
 
 def _shift(timeline) -> int:
