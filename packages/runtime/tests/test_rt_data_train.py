@@ -65,6 +65,7 @@ def test_train_evaluate_and_resume_mid_epoch(tmp_path):
     assert [r["step"] for r in records if "eval_loss" in r] == [2, 4, 6]
     assert records[-1]["loss"] < records[0]["loss"]
     assert "eval loss" in stdout
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(os.listdir(os.path.join(out, "model")))
     per_epoch = int(re.search(r"(\d+) batches per epoch", stdout).group(1))
     assert per_epoch < 4 and 4 % per_epoch  # step 4 resumes in the middle of the second epoch
     resumed_out = str(tmp_path / "resumed")

@@ -16,8 +16,15 @@ import argparse
 import os
 import sys
 
-from .config import RunConfig, config_to_dict, load_config, validate
-from .config_checks import check_schedule, is_schedule_path, pool_groups_of, schedule_from_file, uses_pool
+from .config import RunConfig, config_to_dict, load_config
+from .config_checks import (
+    check_schedule,
+    is_schedule_path,
+    pool_groups_of,
+    schedule_from_file,
+    uses_pool,
+    validate,
+)
 from .config_runtime import check_before_run
 from .default_config import DEFAULT_CONFIG_YAML
 from .fetch_model import add_fetch_parser, run_fetch
@@ -340,6 +347,7 @@ def _train(config: RunConfig, *, rank: int, stop: StopRequest | None = None) -> 
     import torch
 
     from .data_eval import sample_input_of, training_data
+    from .save_hf import save_trained_model
     from .trainer import ScaledLoss, Trainer, build_optimizer, seed_everything, warmup_cosine
 
     seed_everything(config.train.seed)
@@ -412,9 +420,12 @@ def _train(config: RunConfig, *, rank: int, stop: StopRequest | None = None) -> 
     if config.train.checkpoint or config.train.save_every:
         checkpoint = trainer.save(os.path.join(out, f"checkpoint-{trainer.step}"), keep=config.train.keep_checkpoints)
     adapter = _save_adapter(config, piped.model, pipeline)
+    saved_model = save_trained_model(config, piped.model, pipeline)  # train.save_model: OUT/model
     result = finish(rank, pipeline, losses, tokens / max(seconds, 1e-9), out, checkpoint, adapter, trainer.step)
     if rank == 0:
         print(report(result, config))
+        if saved_model is not None:
+            print(f"model dir     {saved_model}  (AutoModelForCausalLM.from_pretrained loads it)")
     if pool and pipeline.profile is not None:
         print(pool_partition_effect(pipeline))
     elif rank == 0 and pipeline.profile is not None:

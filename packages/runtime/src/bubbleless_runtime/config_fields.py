@@ -220,6 +220,11 @@ class TrainConfig:
     """Write a checkpoint every this many steps (0 or null: only at the end when ``checkpoint`` is true)."""
     checkpoint: bool = False
     """Write a checkpoint at the end of the run."""
+    save_model: bool = True
+    """At the end, write ``output_dir/model``: the trained model as a Hugging Face directory
+    (``save_pretrained``: safetensors, config, and ``model.path``'s tokenizer) that
+    ``AutoModelForCausalLM.from_pretrained`` loads. With LoRA it is the base model with the adapters merged
+    in; the adapter alone always goes to ``output_dir/lora-adapter``."""
     resume: str | None = None
     """A checkpoint directory to resume from (model, optimizer, scheduler, RNG, step, data position), or
     ``latest``: the newest complete checkpoint under ``output_dir``. A checkpoint whose writing was cut
