@@ -179,3 +179,22 @@ def golden(session: nox.Session) -> None:
     """Regenerate the golden schedule CSV files after an intended change."""
     _install(session, ("schedules",))
     session.run("python", "-m", "bubbleless_schedules.golden", "packages/schedules/tests/golden")
+
+
+PY310_CONFIG_CHECK = (
+    "import sys; from bubbleless_runtime.config import load_config; "
+    "from bubbleless_runtime.config_checks import check_schedule; "
+    "check_schedule(load_config(text='pipeline: {schedule: zbv, nproc: 2}'), num_ranks=2); "
+    "assert 'torch' not in sys.modules, 'validating a config imported torch'"
+)
+
+
+@nox.session(python="3.10")
+def tests_py310(session: nox.Session) -> None:
+    """The declared floor, Python 3.10 (skipped where no python3.10 is on PATH; pyenv has one here): the
+    torch-free packages' tests, and a config validated by the runtime installed without torch."""
+    session.install(*CONSTRAINTS, "-e", "packages/schedules", "-e", "packages/partition", "pyyaml", "pytest",
+                    "hypothesis", "pytest-timeout")
+    session.install("--no-deps", "-e", "packages/runtime")
+    session.run("pytest", "packages/schedules/tests", "packages/partition/tests", *session.posargs, env=TEST_ENV)
+    session.run("python", "-c", PY310_CONFIG_CHECK, env=TEST_ENV)
