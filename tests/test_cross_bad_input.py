@@ -152,8 +152,8 @@ def test_the_api_keeps_library_defaults_for_empty_text():
 
 # (YAML text, num_ranks, regex): checks before spawning that need the schedule, the machine or the model
 RUN_CASES = [
-    ("train: {output_dir: '{tmp}/afile/sub'}", 2, r"train\.output_dir '.*afile/sub' cannot be written \(Not a directory\); "
-                                                   r"the report, trace and checkpoints go there"),
+    ("train: {output_dir: '{tmp}/afile/sub'}", 2, r"train\.output_dir '.*afile/sub' cannot be written \('.*afile' would hold "
+                                                   r"it\): Not a directory; the report, trace and checkpoints go there"),
     ("train: {output_dir: '{tmp}/afile'}", 2, r"train\.output_dir '.*afile' is a file; name a directory"),
     ("lora: {enabled: true, target_modules: [q_proj, qkv]}", 2,
      r"lora\.target_modules \['qkv'\] match no linear layer of the model; its linear layers are named \[.*'k_proj'.*\]"),
@@ -230,7 +230,7 @@ CLI_CASES = [
     ("train:\n  steps: 1\ntrain:\n  steps: 2\n", "key 'train' is given twice"),
     ("optimizer: {lr: .nan}\n", "optimizer.lr must be a finite number > 0, got nan"),
     ("train: {log_every: 0}\n", "train.log_every must be at least 1"),
-    ("train: {output_dir: /proc/bubbleless-cannot-write}\n", "train.output_dir '/proc/bubbleless-cannot-write' cannot be written"),
+    ("train: {output_dir: /sys/bubbleless}\n", "train.output_dir '/sys/bubbleless' cannot be written ('/sys' would hold it)"),
     ("lora: {enabled: true, target_modules: [qkv]}\n", "lora.target_modules ['qkv'] match no linear layer"),
 ]
 

@@ -32,17 +32,24 @@ def check_before_run(config: RunConfig, *, num_ranks: int) -> None:
 
 
 def check_output_dir(path: str) -> None:
-    """Create ``train.output_dir`` (training would) and write a probe file in it."""
+    """``train.output_dir``, or the nearest directory above it that exists (training creates the rest),
+    must be a directory this process can write: a probe file is created there and removed. Nothing is
+    left behind when the check fails or passes."""
     if os.path.exists(path) and not os.path.isdir(path):
         raise ValueError(f"train.output_dir {path!r} is a file; name a directory (it is created if missing)")
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
     try:
-        os.makedirs(path, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
+        if not os.path.isdir(existing):
+            raise NotADirectoryError(20, "Not a directory")
+        with tempfile.TemporaryFile(dir=existing):
             pass
     except OSError as error:
+        where = "" if existing == os.path.abspath(path) else f" ({existing!r} would hold it)"
         raise ValueError(
-            f"train.output_dir {path!r} cannot be written ({error.strerror or error}); the report, trace and "
-            f"checkpoints go there: choose a directory you can write (or fix its permissions) before training"
+            f"train.output_dir {path!r} cannot be written{where}: {error.strerror or error}; the report, trace "
+            f"and checkpoints go there: choose a directory you can write (or fix its permissions) before training"
         ) from None
 
 
