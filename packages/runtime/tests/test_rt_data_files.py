@@ -139,3 +139,28 @@ def test_data_config_errors(tmp_path):
         load_config(text="model: {dtype: fp8}")
     with pytest.raises(ValueError, match="need data.path"):
         load_config(text="data: {validation_fraction: 0.1}")
+
+
+def test_text_records_train_every_token_and_validation_path(tmp_path):
+    tok = tiny_tokenizer()
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(f"the quick brown fox number {i} jumps" for i in range(24)) + "\n")
+    held = write_jsonl(tmp_path / "held.jsonl", [{"text": f"hello world {i}"} for i in range(8)])
+    config = _config(tmp_path, path=str(corpus), batch_size=4, seq_len=32, packing=False, validation_path=held)
+    split = build_data(config, tok)
+    sample = split.train.rows[0][0]
+    assert sample.labels[1:] == sample.input_ids[1:] and sample.input_ids[-1] == tok.eos_token_id
+    assert split.validation.batches_per_epoch == 2 and "validation: 8 samples" in split.summary
+    (ids, segments), labels = split.train.batch(0)
+    assert ids.shape[1] % 16 == 0 and ids.shape[1] <= 32  # padded to a multiple of 16, at most seq_len
+    assert set(segments.unique().tolist()) <= {0, 1} and labels.shape == ids.shape
+
+
+def test_over_long_samples_are_counted_or_refused(tmp_path):
+    tok = tiny_tokenizer()
+    long = [{"prompt": "short ", "completion": " ".join(["fox"] * 40)}] + pairs(8)
+    path = write_jsonl(tmp_path / "long.jsonl", long)
+    split = build_data(_config(tmp_path, path=path, batch_size=2, seq_len=24, truncation="drop"), tok)
+    assert "0 truncated, 1 dropped" in split.summary
+    split = build_data(_config(tmp_path, path=path, batch_size=2, seq_len=24), tok)
+    assert "1 truncated, 0 dropped" in split.summary

@@ -137,3 +137,24 @@ def test_four_ranks_match_hugging_face(tmp_path, schedule, packing):
     errors = {name: e for r in results for name, e in r["errors"].items()}
     assert len(errors) == sum(1 for _ in build_causal_lm("qwen3", seed=0, **FIELDS["qwen3"]).parameters())
     assert max(errors.values()) < 1e-4, sorted(errors.items(), key=lambda kv: -kv[1])[:3]
+
+
+@pytest.mark.parametrize("packing", [True, False])
+def test_round_robin_pool_matches_hugging_face(packing):
+    """The device pool (4 CPU devices, asymmetric groups, fused head): segments ride with the activations
+    through its host buffers too."""
+    from bubbleless_runtime.pool import RoundRobinPipeline
+    from bubbleless_schedules.roundrobin_layout import PoolGroups
+
+    inputs, labels = batch_of(packing)
+    reference = build_causal_lm("qwen3", seed=0, **FIELDS["qwen3"])
+    want_loss = hf_loss(reference, inputs, labels, 4, packing=packing)
+    want_loss.backward()
+    model = build_causal_lm("qwen3", seed=0, **FIELDS["qwen3"])
+    piped = pipeline_model(model)
+    pipe = RoundRobinPipeline(piped.layers, devices=["cpu"] * 4, num_microbatches=4, loss_fn=piped.loss_fn,
+                              partition=PoolGroups((3, 3), 2, (2, 2, 2)), timeout=120)
+    loss = pipe.step(inputs, labels)
+    assert float(loss) == pytest.approx(float(want_loss), rel=1e-5)
+    for (name, got), want in zip(model.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(got.grad, want.grad, rtol=1e-4, atol=1e-6, msg=name)
