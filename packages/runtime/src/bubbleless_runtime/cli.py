@@ -452,8 +452,13 @@ def _stopped(config: RunConfig, trainer, signum: int, bar) -> None:
 def _progress(rank: int, *, total: int, initial: int):
     if rank != 0:
         return None
+    import threading
+
     from tqdm import tqdm
 
+    # tqdm's default lock is a multiprocessing one, a semaphore the resource tracker then reports as
+    # leaked (a warning after the run's last line) whenever this rank is killed: a thread lock suffices
+    tqdm.set_lock(threading.RLock())
     return tqdm(total=total, initial=initial, desc="train", unit="step", dynamic_ncols=True)
 
 
