@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -54,12 +55,34 @@ train: {{steps: {STEPS}, save_every: 1, checkpoint: true, keep_checkpoints: 2}}
 SCENARIOS = ("kill-rank", "stop-rank", "kill-launcher", "term-launcher", "kill-in-write")
 
 
-def start(config: Path, out: Path, run: str, *extra) -> subprocess.Popen:
+class Run(subprocess.Popen):
+    """A ``bubbleless train`` process whose stdout and stderr are read as it runs (a full pipe would
+    block it), so waiting for it measures its own exit, not when the last holder of its pipes closes."""
+
+    def __init__(self, command, **kwargs) -> None:
+        super().__init__(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+        self._chunks: dict[str, list[str]] = {"out": [], "err": []}
+        self._readers = [threading.Thread(target=self._read, args=(pipe, self._chunks[key]), daemon=True)
+                         for key, pipe in (("out", self.stdout), ("err", self.stderr))]
+        for reader in self._readers:
+            reader.start()
+
+    @staticmethod
+    def _read(pipe, chunks) -> None:
+        for line in pipe:
+            chunks.append(line)
+
+    def stderr_text(self, wait: float = 15.0) -> str:
+        for reader in self._readers:
+            reader.join(wait)
+        return "".join(self._chunks["err"])
+
+
+def start(config: Path, out: Path, run: str, *extra) -> Run:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", procs.MARKER: run}
     command = [sys.executable, "-c", "from bubbleless_runtime.cli import main; raise SystemExit(main())", "train",
                str(config), "--output-dir", str(out), *extra]
-    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    return Run(command, env=env, start_new_session=True)
 
 
 def steps_done(out: Path) -> int:
@@ -157,18 +180,19 @@ def one_run(name: str, config: Path, work: Path, reference: tuple, rng: random.R
     while steps_done(out) < target and proc.poll() is None and time.monotonic() < end:
         time.sleep(0.002)
     if proc.poll() is not None:
-        tally.notes.append(f"{out.name}: ended before the fault (exit {proc.returncode}): {proc.stderr.read()[-300:]}")
+        tally.notes.append(f"{out.name}: ended before the fault (exit {proc.returncode}): {proc.stderr_text()[-300:]}")
         return
     before = complete_steps(out)
     index, at = inject(name, proc, out, rng)
     bound = TIMEOUT + 30 if name == "stop-rank" else 30
     try:
-        _, err = proc.communicate(timeout=bound)
+        proc.wait(timeout=bound)  # the launcher's own exit; its pipes are read meanwhile (see start)
     except subprocess.TimeoutExpired:
         tally.hangs += 1
         procs.kill_all(procs.marked(run))
-        _, err = proc.communicate()
+        proc.wait()
     tally.seconds.append(time.monotonic() - at)
+    err = proc.stderr_text()
     left = procs.marked(run)
     deadline = time.monotonic() + 10
     while left and time.monotonic() < deadline:
@@ -180,7 +204,7 @@ def one_run(name: str, config: Path, work: Path, reference: tuple, rng: random.R
     if name == "kill-in-write" and any(n.endswith(".partial") for n in os.listdir(out)):
         tally.in_write += 1
     pattern = expected_headline(name, index)
-    lines = err.strip().splitlines()
+    lines = [line for line in err.splitlines() if line.startswith("bubbleless: ")]  # not a helper's warnings
     if pattern is not None and not (lines and pattern.search(lines[-1])):
         tally.headline_wrong += 1
         tally.notes.append(f"{out.name}: headline {lines[-1][:200] if lines else '(none)'!r}")
@@ -195,7 +219,8 @@ def one_run(name: str, config: Path, work: Path, reference: tuple, rng: random.R
                 tally.mistaken += 1
                 tally.notes.append(f"{out.name}/{name_}: {error}")
     resumed = start(config, out, run, "--resume", "latest")
-    _, err = resumed.communicate(timeout=600)
+    resumed.wait(timeout=600)
+    err = resumed.stderr_text()
     want_losses, want_state = reference
     if resumed.returncode == 0 and losses(out) == want_losses and identical(state_of(out / f"checkpoint-{STEPS}", 3),
                                                                             want_state):
@@ -236,12 +261,13 @@ def record(path: Path, tallies: dict[str, Tally], pool: list[dict], args, starte
         "```yaml", CONFIG.rstrip(), "```",
         "",
         "Columns: hangs, the launcher still running 30 s after the fault (stop-rank: timeout + 30 s); orphans,",
-        "processes with the run's marker alive 10 s after the launcher ended; headline wrong, the last line of",
-        "stderr not naming the rank and how (kill-rank, stop-rank) or the saved checkpoint (term-launcher);",
-        "lost, the newest complete checkpoint before the fault gone afterwards; mistaken, a `checkpoint-N`",
-        "directory that does not load with checksums verified; reproduced, the resumed run's per-step losses",
-        "(`metrics.jsonl`) and every rank's final checkpoint bit-identical to the uninterrupted run's; seconds,",
-        "from the fault to the launcher's exit, median / max (measured, not a goal).",
+        "processes with the run's marker alive 10 s after the launcher ended; headline wrong, the last",
+        "`bubbleless:` line of stderr not naming the rank and how (kill-rank, stop-rank) or the saved checkpoint",
+        "(term-launcher); lost, the newest complete checkpoint before the fault gone afterwards; mistaken, a",
+        "`checkpoint-N` directory that does not load with checksums verified; reproduced, the resumed run's",
+        "per-step losses (`metrics.jsonl`) and every rank's final checkpoint bit-identical to the uninterrupted",
+        "run's; seconds, from the fault to the launcher's exit, median / max (measured, not a goal; the machine",
+        "is shared, see the load above).",
         "",
         "| fault | runs | hangs | orphans | headline wrong | checkpoints lost | mistaken | resumes reproduce | "
         "seconds to exit |",
@@ -296,7 +322,8 @@ def main(argv=None) -> int:
         config = work / "run.yaml"
         config.write_text(CONFIG)
         ref = start(config, work / "reference", uuid.uuid4().hex)
-        _, err = ref.communicate(timeout=900)
+        ref.wait(timeout=900)
+        err = ref.stderr_text()
         if ref.returncode != 0:
             print(err[-3000:], file=sys.stderr)
             return 1
