@@ -108,3 +108,33 @@ def test_rt_an_invalid_schedule_is_refused_with_the_validators_message(kind, mat
     with pytest.raises(ValueError, match=match) as info:
         Pipeline(tiny_model(3), **{**OK, "schedule": _damaged(kind)})
     assert "worker 0:" in str(info.value)  # the rendered schedule, the failing action marked
+
+
+def test_rt_a_tokenizer_larger_than_the_models_vocabulary_is_refused_before_spawning(tmp_path):
+    """Issue 9: data.path with a tokenizer of more ids than model.path's embedding rows (an IndexError deep
+    inside the first step before) says so, and how to fix it, before any process starts."""
+    import os
+    import sys
+
+    pytest.importorskip("transformers")
+    sys.path.insert(0, os.path.dirname(__file__))  # _data_fixtures, beside this file
+    from _data_fixtures import chats, tiny_tokenizer, write_jsonl
+
+    from bubbleless_runtime.config import load_config
+    from bubbleless_runtime.config_runtime import check_before_run
+    from bubbleless_runtime.models import build_causal_lm
+
+    tokenizer = tiny_tokenizer(300)
+    model = build_causal_lm("qwen3", vocab_size=len(tokenizer) - 20, hidden_size=32, intermediate_size=64,
+                            num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+    model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    data = write_jsonl(tmp_path / "chats.jsonl", chats(4))
+    config = load_config(text=f"model: {{path: {tmp_path / 'model'}}}\ndata: {{path: {data}, seq_len: 64}}\n"
+                              f"train: {{output_dir: {tmp_path / 'out'}}}\n")
+    with pytest.raises(ValueError, match=rf"the tokenizer of model.path .* has {len(tokenizer)} tokens but the model's "
+                                         rf"vocab_size is {len(tokenizer) - 20}: .*resize_token_embeddings"):
+        check_before_run(config, num_ranks=2)
+    model.resize_token_embeddings(len(tokenizer))  # the advice, followed
+    model.save_pretrained(tmp_path / "model")
+    check_before_run(config, num_ranks=2)

@@ -4,6 +4,7 @@ a traceback per rank after spawning):
 
 - ``train.output_dir`` can be created and written (else the report would be lost after training);
 - a GPU is visible for ``train.device: cuda``, ``pipeline.backend: nccl`` or cuda ``pipeline.devices``;
+- a dataset's tokenizer (``model.path``'s) has no token id beyond the model's embedding rows;
 - with LoRA, every ``lora.target_modules`` name matches a linear layer of the model, and with
   ``pipeline.memory_cap`` the parameters alone can fit the cap. Both look at the model built on the
   ``meta`` device from its config (no weights allocated or read), and only when those fields are set.
@@ -27,6 +28,8 @@ def check_before_run(config: RunConfig, *, num_ranks: int) -> None:
     """Every check of this module, cheapest first."""
     check_output_dir(config.train.output_dir)
     check_device(config)
+    if config.data.path is not None and config.model.path is not None:
+        check_tokenizer_vocabulary(config.model.path)
     if config.lora.enabled or (config.pipeline.memory_cap is not None and not uses_pool(config.pipeline.schedule)):
         check_model(config, num_ranks=num_ranks)
 
@@ -82,6 +85,25 @@ def _check_pool_devices(devices: list[str]) -> None:
                 f"pipeline.devices lists {device!r} but {seen}; use pipeline.devices: [cpu, cpu, ...] or the GPUs "
                 f"cuda:0 .. cuda:{max(visible - 1, 0)}"
             )
+
+
+def check_tokenizer_vocabulary(path: str) -> None:
+    """Every id the tokenizer of ``model.path`` can produce has an embedding row (else an IndexError deep
+    inside the first step)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"model.path {path!r} has no tokenizer that loads ({error}); data.path is tokenized with "
+                         f"it: save the tokenizer beside the model (tokenizer.save_pretrained)") from None
+    vocab = AutoConfig.from_pretrained(path, local_files_only=True).vocab_size
+    if len(tokenizer) > vocab:
+        raise ValueError(
+            f"the tokenizer of model.path {path!r} has {len(tokenizer)} tokens but the model's vocab_size is {vocab}: "
+            f"ids from {vocab} up have no embedding row; resize the model's embeddings to the tokenizer "
+            f"(model.resize_token_embeddings(len(tokenizer))) and save both again"
+        )
 
 
 def meta_model(config: RunConfig):
