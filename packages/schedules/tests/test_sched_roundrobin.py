@@ -183,5 +183,7 @@ def test_validator_catches_broken_jobs():
         validate(_edited(schedule, 0, 7, []))
     with pytest.raises(ValueError, match="needs meta.forward_layers"):
         validate(schedule.replace(meta={}))
-    with pytest.raises(ValueError, match="2I0 has no meaning in a round-robin pool"):
-        validate(_edited(schedule, 0, 6, [Action(2, Kind.I, 0), Action(2, Kind.W, 0)]))
+    with pytest.raises(ValueError, match="0I0 has no meaning in a round-robin pool"):  # forward jobs keep no graph
+        validate(_edited(schedule, 0, 6, [Action(0, Kind.I, 0), Action(0, Kind.W, 0)]))
+    with pytest.raises(ValueError, match=r"or I and W once each instead"):  # a B split only halfway
+        validate(_edited(schedule, 0, 6, [Action(2, Kind.I, 0)]))

@@ -112,3 +112,38 @@ def test_round_size_layout_refuses_a_round_split_over_devices():
     rows[1].append(moved)
     with pytest.raises(ValueError, match="runs on devices"):
         validate(result.schedule.replace(actions=rows))
+
+
+def test_split_backward_emits_i_and_w_only_when_asked_and_w_fills_waits():
+    layer_costs = profile(12, 3.0, 2.6)
+    plain = generate("roundrobin", num_ranks=4, num_microbatches=8, layer_costs=layer_costs)
+    split = generate("roundrobin", num_ranks=4, num_microbatches=8, layer_costs=layer_costs, split_backward=True)
+    kinds = {a.kind.value for _, _, a in split.all_actions()}
+    assert {"I", "W"} <= kinds and "B" not in kinds
+    assert not {"I", "W"} & {a.kind.value for _, _, a in plain.all_actions()}  # the pool's default has no I/W
+    spans = [simulate(s, job_costs(layer_costs, pool_groups(s))).makespan for s in (plain, split)]
+    assert spans[1] < spans[0]  # W off the critical path shortens this profile's drain
+    row = next(r for r in split.actions if any(a.kind.value == "W" for a in r))
+    first_w = next(i for i, a in enumerate(row) if a.kind.value == "W")
+    assert any(a.kind.value == "I" for a in row[first_w + 1:])  # some W runs before a later I: deferred
+
+
+def test_load_stream_overlaps_uploads_with_the_previous_jobs_compute():
+    costs = profile(12, 3.0, 2.6)
+    loads = Costs(costs.forward, costs.backward_input, costs.backward_weight, costs.comm,
+                  load=[2.0] * 13, store=[1.0] * 13)
+    schedule = generate("roundrobin", num_ranks=4, num_microbatches=8, layer_costs=loads)
+    job = job_costs(loads, pool_groups(schedule))
+    in_order = steady_state(schedule, job)
+    streamed = steady_state(schedule, job, load_stream=True)
+    assert in_order.makespan == pytest.approx(simulate(schedule, job).makespan)
+    assert streamed.makespan < in_order.makespan
+    no_loads = Costs(costs.forward, costs.backward_input, costs.backward_weight, costs.comm)
+    assert streamed.makespan >= simulate(schedule, job_costs(no_loads, pool_groups(schedule))).makespan - 1e-9
+    huge = Costs(costs.forward, costs.backward_input, costs.backward_weight, costs.comm, load=[500.0] * 13)
+    bounded = steady_state(schedule, job_costs(huge, pool_groups(schedule)), load_stream=True)
+    jobs_per_device = max(len({a.stage for a in row}) for row in schedule.actions)
+    # one copy stream per device: its uploads run one after another
+    assert bounded.makespan >= 500.0 * jobs_per_device
+    with pytest.raises(ValueError, match="load_stream=True models the round-robin pool"):
+        steady_state(generate("1f1b", num_ranks=2, num_microbatches=2), load_stream=True)

@@ -29,6 +29,12 @@ and ``auto``. Sequence fields give one value per stage (job, in execution order)
 F costs ``forward``, R ``recompute`` (default ``forward``), B ``backward_input + backward_weight``,
 LOAD ``load`` (uploading the job's weights) and STORE ``store`` (downloading its gradients).
 
+**Split backward.** A gradient job's B may be split into I (input gradient: produces the G event the
+job below waits for) and W (weight gradient, on the same device after the I): W is off the critical
+path and may fill a wait (zero-bubble's idea inside the pool). I frees ``input_grad_frees`` of the
+micro-batch's activations, W the rest. The pool executor has no I/W handlers: ``roundrobin`` emits
+them only with ``split_backward=True``.
+
 **Memory (in M_B).** As for the pipelines, M_B is one micro-batch's activations through ``L/p``
 layers. Forward jobs keep nothing on the device (stage inputs go to host memory); R and the fused
 last group's F hold ``n * p / L`` until the micro-batch's B frees it, so a device's peak is one
@@ -175,7 +181,9 @@ class RoundRobinLayout:
         if kind is Kind.R:
             first = groups.layers(j).start
             return (("F", groups.forward_stage_holding(first - 1), m),) if first > 0 else ()
-        if role == "last":  # B of the fused last group
+        if kind is Kind.W:  # the weight half of a split backward, after its input half on the same device
+            return (("I", j, m),)
+        if role == "last":  # B (or I) of the fused last group
             return (("F", j, m),)
         return (("R", j, m), ("G", j - 1, m))
 
@@ -183,13 +191,19 @@ class RoundRobinLayout:
         j, m, kind = action.stage, action.microbatch, action.kind
         if kind in (Kind.LOAD, Kind.STORE):
             return ((kind.value, j),)
-        return (({Kind.F: "F", Kind.R: "R", Kind.B: "G"}[kind], j, m),)
+        if kind is Kind.I:
+            return (("G", j, m), ("I", j, m))
+        return (({Kind.F: "F", Kind.R: "R", Kind.B: "G", Kind.W: "W"}[kind], j, m),)
 
     def memory_delta(self, action: Action, schedule, input_grad_frees: float) -> float:
         groups = pool_groups(schedule)
         held = len(groups.layers(action.stage)) * schedule.num_workers / groups.num_layers
         if action.kind is Kind.R or (action.kind is Kind.F and groups.role(action.stage) == "last"):
             return held
+        if action.kind is Kind.I:
+            return -held * input_grad_frees
+        if action.kind is Kind.W:
+            return -held * (1.0 - input_grad_frees)
         return -held if action.kind is Kind.B else 0.0
 
     def cost(self, action: Action, schedule, costs: Costs) -> float:
@@ -228,9 +242,7 @@ class RoundRobinLayout:
             if len(workers[j]) > 1:
                 problems.append(f"job {j} runs on devices {sorted(workers[j])}; a job runs on one device")
             for m in range(schedule.num_microbatches):
-                for kind in _ROLE_KINDS[role]:
-                    if counts[Action(j, kind, m)] != 1:
-                        problems.append(f"{role} job {j} has {counts[Action(j, kind, m)]} of {Action(j, kind, m)}, needs 1")
+                problems += _compute_problems(j, role, m, counts)
             if transfers:
                 problems += _transfer_problems(schedule, j, role)
         return problems
@@ -261,14 +273,29 @@ def _round_problems(schedule, groups: PoolGroups, round_size: int, transfers: bo
     for j in range(groups.num_stages):
         role = groups.role(j)
         for m in range(schedule.num_microbatches):
-            for kind in _ROLE_KINDS[role]:
-                if counts[Action(j, kind, m)] != 1:
-                    problems.append(f"{role} job {j} has {counts[Action(j, kind, m)]} of {Action(j, kind, m)}, needs 1")
+            problems += _compute_problems(j, role, m, counts)
+    return problems
+
+
+def _compute_problems(j: int, role: str, m: int, counts: Counter) -> list[str]:
+    """Each of the role's actions once for micro-batch m; a gradient job's B may instead be split into
+    I then W (both once, on the device that ran the I)."""
+    problems = []
+    for kind in _ROLE_KINDS[role]:
+        if kind is Kind.B and counts[Action(j, Kind.B, m)] == 0 and counts[Action(j, Kind.I, m)] == 1 \
+                and counts[Action(j, Kind.W, m)] == 1:
+            continue
+        split = kind is Kind.B and (counts[Action(j, Kind.I, m)] or counts[Action(j, Kind.W, m)])
+        if counts[Action(j, kind, m)] != 1 or split:
+            problems.append(f"{role} job {j} has {counts[Action(j, kind, m)]} of {Action(j, kind, m)}, needs 1"
+                            + (" (or I and W once each instead)" if kind is Kind.B else ""))
     return problems
 
 
 def _meaningless(action: Action, role: str) -> str | None:
     if action.kind in _ROLE_KINDS[role] or action.kind in (Kind.LOAD, Kind.STORE):
+        return None
+    if action.kind in (Kind.I, Kind.W) and role != "forward":
         return None
     return (
         f"action {action} has no meaning in a round-robin pool: a {role} job runs "

@@ -27,6 +27,8 @@ Options (all optional):
   ``roundrobin_cut.job_costs(layer_costs, pool_groups(schedule))``.
 - ``recompute_ahead``: with ``layer_costs``, how many micro-batches a device may recompute before their
   backward (1 is RoundPipe's one-at-a-time; default: the faster of 1 and 2 within ``memory_limit``).
+- ``split_backward``: with ``layer_costs``, run each gradient job's B as I then W, W deferred into the
+  device's waits (off by default: the pool executor has no I/W handlers yet; simulation only).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ def roundrobin(
     weight_transfers: bool = True,
     layer_costs: Costs | None = None,
     recompute_ahead: int | None = None,
+    split_backward: bool = False,
 ) -> Schedule:
     """Stage jobs over all micro-batches, dealt round-robin to ``num_ranks`` pool devices."""
     if layer_costs is not None:
@@ -65,9 +68,11 @@ def roundrobin(
             layer_costs, num_ranks=num_ranks, num_microbatches=num_microbatches, memory_limit=memory_limit,
             num_layers=num_layers, last_layers=last_layers, forward_stages=forward_stages,
             backward_stages=backward_stages, weight_transfers=weight_transfers, recompute_ahead=recompute_ahead,
+            split_backward=split_backward,
         )
-    if recompute_ahead is not None:
-        raise ValueError("roundrobin option recompute_ahead needs layer_costs= (per-layer costs to dispatch by)")
+    for name, value in (("recompute_ahead", recompute_ahead), ("split_backward", split_backward or None)):
+        if value is not None:
+            raise ValueError(f"roundrobin option {name} needs layer_costs= (per-layer costs to dispatch by)")
     groups = pool_cut(
         num_ranks=num_ranks, costs=costs, memory_limit=memory_limit, num_layers=num_layers,
         last_layers=last_layers, forward_stages=forward_stages, backward_stages=backward_stages,
@@ -77,7 +82,7 @@ def roundrobin(
 
 
 def _from_layer_costs(layer_costs, *, num_ranks, num_microbatches, memory_limit, num_layers, last_layers,
-                      forward_stages, backward_stages, weight_transfers, recompute_ahead) -> Schedule:
+                      forward_stages, backward_stages, weight_transfers, recompute_ahead, split_backward) -> Schedule:
     count = check_layer_costs(layer_costs)
     if num_layers is not None and num_layers != count:
         raise ValueError(f"roundrobin: num_layers={num_layers} but layer_costs give {count} layers; drop num_layers "
@@ -89,7 +94,8 @@ def _from_layer_costs(layer_costs, *, num_ranks, num_microbatches, memory_limit,
         pinned = pool_cut(num_ranks=num_ranks, costs=Costs.unit(), memory_limit=None, num_layers=count,
                           last_layers=last_layers, forward_stages=forward_stages, backward_stages=backward_stages)
     return search(layer_costs, num_devices=num_ranks, num_microbatches=num_microbatches, memory_limit=memory_limit,
-                  pinned=pinned, ahead=recompute_ahead, weight_transfers=weight_transfers)
+                  pinned=pinned, ahead=recompute_ahead, weight_transfers=weight_transfers,
+                  split_backward=bool(split_backward))
 
 
 _JOB_ACTIONS = {"forward": (Kind.F,), "last": (Kind.F, Kind.B), "backward": (Kind.R, Kind.B)}

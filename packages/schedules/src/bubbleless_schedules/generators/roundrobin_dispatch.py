@@ -4,12 +4,15 @@ RoundPipe runs a backward job's micro-batches strictly as R(m) B(m) R(m+1) B(m+1
 whose gradient for m has not arrived can only recompute m itself. Here every device decides, each time
 it is free, from what has happened so far (a discrete-event run in time order):
 
-1. the current job's next B when its gradient is already there (the critical path first);
+1. the current job's next B when its gradient is already there (the critical path first; with
+   ``JobTimes.weight`` the B is split and only its input half I runs here, its W waits in step 3b);
 2. else the current job's next F (forward and fused last jobs, in micro-batch order);
 3. else, while fewer than ``ahead`` micro-batches are recomputed but not yet backpropagated on the
    device, the next R of the current job, or else of the device's next job (whose weights the pool
    has already prefetched, see ``pool_worker.load``): recompute of micro-batch m needs only m's saved
    input, so it may run long before m's gradient, in the wait for it;
+3b. else a deferred W of the current job (split backward only: W is off the critical path, so it
+   fills gaps; a job ends, and its STORE follows, once its last W has run);
 4. else wait for the earliest of those to become possible.
 
 Jobs are dealt to devices round-robin (job k to device k mod N), each device takes its jobs in order,
@@ -35,6 +38,9 @@ class JobTimes:
     recompute: tuple[float, ...]
     backward: tuple[float, ...]
     comm: float = 0.0
+    weight: tuple[float, ...] | None = None
+    """W's share of ``backward`` per job: given, gradient jobs run I (the rest) and W apart, and W waits
+    (lowest priority, before the job ends) for a gap on its device."""
 
 
 def list_dispatch(groups: PoolGroups, times: JobTimes, num_devices: int, num_microbatches: int,
@@ -53,7 +59,9 @@ def list_dispatch(groups: PoolGroups, times: JobTimes, num_devices: int, num_mic
             feeds.append(job - 1 if job > 0 else None)
     done_f = [[None] * mbs for _ in range(count)]  # (end, device) of F per micro-batch
     done_g = [[None] * mbs for _ in range(count)]  # (end, device) of B per micro-batch
-    progress = [[0, 0, 0] for _ in units]  # per unit: F, R, B done (indices into its micro-batches)
+    progress = [[0, 0, 0, 0] for _ in units]  # per unit: F, R, B (or I), W done (indices into its micro-batches)
+    split = times.weight is not None
+    gradient = Kind.I if split else Kind.B
     taken = [[] for _ in range(num_devices)]  # the device's current unit and at most one next unit
     held = [0] * num_devices
     rows: list[list[Action]] = [[] for _ in range(num_devices)]
@@ -78,21 +86,24 @@ def list_dispatch(groups: PoolGroups, times: JobTimes, num_devices: int, num_mic
         unit = taken[device][0]
         job, mine = units[unit]
         role = groups.role(job)
-        f, r, b = progress[unit]
+        f, r, b, w = progress[unit]
+        if split and w < b and role != "forward":  # a deferred W: ready since its I ended here
+            found.append((done_g[job][mine[w]][0], 2.5, unit, Kind.W, mine[w]))
         if role != "backward":
             if role == "last" and b < f:  # the fused group: B right after its F
-                found.append((done_f[job][mine[b]][0], 0, unit, Kind.B, mine[b]))
+                found.append((done_f[job][mine[b]][0], 0, unit, gradient, mine[b]))
             elif f < len(mine):
                 found.append((input_of(job, mine[f], device), 1, unit, Kind.F, mine[f]))
             return found
         if b < r:
-            found.append((arrival(done_g[job - 1][mine[b]], device), 0, unit, Kind.B, mine[b]))
+            found.append((arrival(done_g[job - 1][mine[b]], device), 0, unit, gradient, mine[b]))
         if held[device] < ahead:
             for other in taken[device]:
                 other_job, other_mbs = units[other]
                 nr = progress[other][1]
                 if groups.role(other_job) == "backward" and nr < len(other_mbs):
-                    found.append((input_of(other_job, other_mbs[nr], device), 2, other, Kind.R, other_mbs[nr]))
+                    found.append((input_of(other_job, other_mbs[nr], device), 2 if other == unit else 3, other,
+                                  Kind.R, other_mbs[nr]))
                     break
         return found
 
@@ -138,19 +149,24 @@ def list_dispatch(groups: PoolGroups, times: JobTimes, num_devices: int, num_mic
             state[1] += 1
             held[device] += 1
             duration = times.recompute[job]
-        else:
-            state[2] += 1
+        elif kind is Kind.W:
+            state[3] += 1
             if groups.role(job) == "backward":
                 held[device] -= 1
-            duration = times.backward[job]
+            duration = times.weight[job]
+        else:
+            state[2] += 1
+            if groups.role(job) == "backward" and not split:
+                held[device] -= 1
+            duration = times.backward[job] - (times.weight[job] if split else 0.0)
         end = now + duration
         rows[device].append(Action(job, kind, m))
         if kind is Kind.F:
             done_f[job][m] = (end, device)
-        elif kind is Kind.B:
+        elif kind is gradient:
             done_g[job][m] = (end, device)
         current = taken[device][0]
-        finished = progress[current][2 if groups.role(units[current][0]) != "forward" else 0]
+        finished = progress[current][(3 if split else 2) if groups.role(units[current][0]) != "forward" else 0]
         if finished == len(units[current][1]):
             taken[device].pop(0)
         free[device] = end

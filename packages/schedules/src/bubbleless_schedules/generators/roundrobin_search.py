@@ -21,11 +21,12 @@ AHEADS = (1, 2)
 
 
 def dispatched(groups: PoolGroups, layer_costs: Costs, *, num_devices: int, num_microbatches: int, ahead: int,
-               weight_transfers: bool = True) -> tuple[Schedule, Costs, float]:
+               weight_transfers: bool = True, split_backward: bool = False) -> tuple[Schedule, Costs, float]:
     """One cut's schedule from the list scheduler, its per-job costs and the scheduler's makespan."""
     costs = job_costs(layer_costs, groups)
     backward = tuple(i + w for i, w in zip(costs.backward_input, costs.backward_weight, strict=True))
-    times = JobTimes(costs.forward, costs.recompute, backward, costs.comm)
+    times = JobTimes(costs.forward, costs.recompute, backward, costs.comm,
+                     weight=costs.backward_weight if split_backward else None)
     rows, makespan = list_dispatch(groups, times, num_devices, num_microbatches, ahead)
     schedule = Schedule(rows, num_stages=groups.num_stages, num_microbatches=num_microbatches, stage_to_rank=None,
                         name="roundrobin", layout="roundrobin", meta=groups.meta())
@@ -33,7 +34,8 @@ def dispatched(groups: PoolGroups, layer_costs: Costs, *, num_devices: int, num_
 
 
 def search(layer_costs: Costs, *, num_devices: int, num_microbatches: int, memory_limit: float | None,
-           pinned: PoolGroups | None = None, ahead: int | None = None, weight_transfers: bool = True) -> Schedule:
+           pinned: PoolGroups | None = None, ahead: int | None = None, weight_transfers: bool = True,
+           split_backward: bool = False) -> Schedule:
     """The fastest (cut, look-ahead) within ``memory_limit`` (see the module docstring): ranked by the
     list scheduler's own makespan, the best ``FINALISTS`` judged by the simulator."""
     cuts = [pinned] if pinned is not None else candidate_cuts(layer_costs)
@@ -43,7 +45,8 @@ def search(layer_costs: Costs, *, num_devices: int, num_microbatches: int, memor
         for look in aheads:
             schedule, costs, makespan = dispatched(groups, layer_costs, num_devices=num_devices,
                                                    num_microbatches=num_microbatches, ahead=look,
-                                                   weight_transfers=weight_transfers)
+                                                   weight_transfers=weight_transfers,
+                                                   split_backward=split_backward)
             if memory_limit is not None:
                 peak = max(peak_memory(schedule))
                 smallest_peak = peak if smallest_peak is None else min(smallest_peak, peak)
