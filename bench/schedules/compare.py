@@ -476,6 +476,13 @@ def provenance() -> str:
     )
 
 
+def roundrobin_section() -> str:
+    """(h): ``roundrobin`` against the RoundPipe dispatch reference (bench/schedules/roundrobin_table.py)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    return importlib.import_module("bench.schedules.roundrobin_table").section()
+
+
 def report(quick: bool = False, full: bool = False) -> str:
     references, notes = load_references()
     parts = [
@@ -489,6 +496,7 @@ def report(quick: bool = False, full: bool = False) -> str:
         published_numbers(),
         zb_family(quick=quick, full=full),
         v_family(quick=quick, full=full),
+        roundrobin_section(),
     ]
     if notes:
         parts.append("Notes: " + "; ".join(notes))

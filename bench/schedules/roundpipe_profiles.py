@@ -17,6 +17,11 @@ from the shape's arithmetic at sequence 2048:
 - **comm** = 0.1 F: one activation (2048 x hidden in bf16) through pinned host memory against one
   layer's forward; the same fraction for every model, since both scale with hidden.
 - Recompute = forward (the default).
+- **Uploads** (``with_uploads``, for the load-stream figures only; RoundPipe's simulator models none):
+  a layer's LOAD moves all its bf16 weights over PCIe 4.0 (25 GB/s) while its F computes on the active
+  ones at 100 TFLOP/s per token-row of 2048: load / F = 100e12 / (25e9 x 2048) = 1.95 x (all weights /
+  active weights): 1.95 for dense layers, far more for MoE, whose idle experts travel too. STORE moves
+  the same bytes of gradients for full fine-tuning, almost none for LoRA (adapters only).
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ class ModelShape:
     """Per layer: q, k, v, o projection weights."""
     mlp_weights: int
     """Per layer: the MLP weights a token passes through (active experts only, plus the router)."""
+    all_mlp_weights: int
+    """Per layer: every MLP weight (all experts), what a LOAD uploads."""
     heads: int
     head_dim: int
     vocab: int
@@ -50,16 +57,18 @@ def from_partition(key: str) -> ModelShape:
     attention = s.hidden * s.head_dim * (2 * s.heads + 2 * s.kv_heads)
     if getattr(s, "experts", None):
         mlp = s.top_k * 3 * s.hidden * s.expert_intermediate + s.hidden * s.experts
+        every = s.experts * 3 * s.hidden * s.expert_intermediate + s.hidden * s.experts
     else:
-        mlp = 3 * s.hidden * s.intermediate
-    return ModelShape(s.name, s.num_layers, s.hidden, attention, mlp, s.heads, s.head_dim, s.vocab)
+        mlp = every = 3 * s.hidden * s.intermediate
+    return ModelShape(s.name, s.num_layers, s.hidden, attention, mlp, every, s.heads, s.head_dim, s.vocab)
 
 
 GPT_OSS_20B = ModelShape(
     # huggingface.co/openai/gpt-oss-20b config.json: hidden_size 2880, num_hidden_layers 24,
     # num_attention_heads 64, num_key_value_heads 8, head_dim 64, num_local_experts 32,
     # num_experts_per_tok 4, intermediate_size 2880, vocab_size 201088 (not in bubbleless_partition.shapes)
-    "GPT-OSS-20B", 24, 2880, 2880 * 64 * (2 * 64 + 2 * 8), 4 * 3 * 2880 * 2880 + 2880 * 32, 64, 64, 201_088,
+    "GPT-OSS-20B", 24, 2880, 2880 * 64 * (2 * 64 + 2 * 8), 4 * 3 * 2880 * 2880 + 2880 * 32,
+    32 * 3 * 2880 * 2880 + 2880 * 32, 64, 64, 201_088,
 )
 
 
@@ -81,8 +90,24 @@ def layer_costs(model: ModelShape, backward: float, *, lora: bool = False) -> Co
     layers = model.num_layers
     return Costs(
         [1.0] * layers + [head], [backward_input] * layers + [head_input], [backward_weight] * layers + [head_weight],
-        0.1, extra={"model": model.name, "backward_ratio": backward, "head_layers": head, "lora": lora},
+        0.1, extra={"model": model.name, "backward_ratio": backward, "head_layers": head, "lora": lora,
+                    "upload_per_f": UPLOAD_PER_F * (model.attention_weights + model.all_mlp_weights)
+                    / (model.attention_weights + model.mlp_weights)},
     )
+
+
+UPLOAD_PER_F = 100e12 / (25e9 * SEQUENCE)
+"""A dense layer's weight upload over its forward time (see the module docstring)."""
+
+
+def with_uploads(costs: Costs) -> Costs:
+    """The profile with LOAD (and, for full fine-tuning, STORE) per layer; the head uploads as dense."""
+    layers = len(costs.forward) - 1
+    per_f, lora = costs.extra["upload_per_f"], costs.extra["lora"]
+    load = [per_f * f for f in costs.forward[:-1]] + [UPLOAD_PER_F * costs.forward[-1]]
+    store = [0.0] * (layers + 1) if lora else list(load)
+    return Costs(costs.forward, costs.backward_input, costs.backward_weight, costs.comm, load=load, store=store,
+                 extra=costs.extra)
 
 
 def profiles() -> dict[str, Costs]:
