@@ -20,7 +20,7 @@ TINY = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_l
             num_key_value_heads=2, max_position_embeddings=128)
 FIELDS = {"llama": TINY, "qwen3": {**TINY, "head_dim": 8}, "qwen3_moe": {
     **TINY, "head_dim": 8, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
-    "router_aux_loss_coef": 0.0}, "qwen2": TINY, "mistral": {**TINY, "head_dim": 8, "sliding_window": 16}}
+    "router_aux_loss_coef": 0.05}, "qwen2": TINY, "mistral": {**TINY, "head_dim": 8, "sliding_window": 16}}
 
 
 def documents(count: int, seed: int = 0) -> list[Sample]:
@@ -51,8 +51,11 @@ def hf_loss(model, inputs, labels, num_microbatches: int, *, packing: bool):
                        labels.chunk(num_microbatches), strict=True):
         kwargs = {"position_ids": positions_of(s)} if packing else {"attention_mask": s}
         # use_cache=False: with a cache, Hugging Face skips its packed-sequence masking
-        logits = model(input_ids=i, use_cache=False, **kwargs).logits
-        total = total + chunked_cross_entropy(logits, y)
+        coef = getattr(model.config, "router_aux_loss_coef", 0.0)
+        out = model(input_ids=i, use_cache=False, output_router_logits=bool(coef) or None, **kwargs)
+        total = total + chunked_cross_entropy(out.logits, y)
+        if coef:  # MoE: Hugging Face's load-balancing loss (padding left out through attention_mask)
+            total = total + coef * out.aux_loss
     return total
 
 
@@ -64,7 +67,12 @@ def test_cut_layers_match_hugging_face(architecture, packing):
         assert (inputs[1].max(dim=1).values > 1).all()  # several documents per row
     else:
         assert (inputs[1] == 0).any()  # padding
-    model = build_causal_lm(architecture, seed=0, **FIELDS[architecture])
+    fields = FIELDS[architecture]
+    if packing and "router_aux_loss_coef" in fields:
+        # given restarting position ids (no attention mask), Hugging Face's load balancing counts the
+        # padding after the last document; ours leaves it out, so compare packed rows without it
+        fields = {**fields, "router_aux_loss_coef": 0.0}
+    model = build_causal_lm(architecture, seed=0, **fields)
     reference = hf_loss(model, inputs, labels, 2, packing=packing)
     reference.backward()
     want = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
@@ -158,3 +166,21 @@ def test_round_robin_pool_matches_hugging_face(packing):
     assert float(loss) == pytest.approx(float(want_loss), rel=1e-5)
     for (name, got), want in zip(model.named_parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(got.grad, want.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_moe_load_balancing_leaves_padding_out_as_hugging_face_does():
+    from bubbleless_runtime.models.loss import _real_tokens
+
+    (ids, segments), _labels = batch_of(False)
+    model = build_causal_lm("qwen3_moe", seed=0, **FIELDS["qwen3_moe"])
+    with torch.no_grad():
+        masked = model(input_ids=ids, attention_mask=segments, output_router_logits=True, use_cache=False).aux_loss
+        unmasked = model(input_ids=ids, output_router_logits=True, use_cache=False).aux_loss
+        piped = pipeline_model(model)
+        x = (ids, segments)
+        for layer in piped.layers:
+            x = layer(x)
+        _logits, stats, carried = x
+        ours = piped.loss_fn.aux_loss(stats, tokens=_real_tokens(carried, ids))
+    assert abs(float(masked - unmasked)) > 1e-5  # the padding matters for this batch
+    torch.testing.assert_close(ours, masked, rtol=1e-6, atol=1e-7)

@@ -19,7 +19,8 @@ every stage with the hidden states (it carries no gradient), and each decoder la
 per-document causal mask (a token attends to earlier tokens of its own document only) and position ids
 that restart at 0 with each document: what Hugging Face computes for the same batch given its
 attention mask or restarting position ids. Without ``segments`` only the causal mask is built. The MoE
-router statistics count padded tokens too.
+router statistics leave padding out (as Hugging Face's load-balancing loss given an attention mask does),
+so for MoE the head passes the segments on to the loss, which averages over the real tokens.
 The wrappers hold references to the Hugging Face modules (no copies), so the parameter names of the
 original model, and LoRA adapters injected by peft before or after the cut, stay valid.
 """
@@ -111,7 +112,7 @@ class DecoderLayer(nn.Module):
             hidden = hidden[0]
         if stats is not None:
             for router_logits in captured:
-                stats = stats + self._router_stats(router_logits, hidden.shape[0])
+                stats = stats + self._router_stats(router_logits, hidden.shape[0], segments)
         return repack(hidden, stats, segments)
 
     def _attention_inputs(self, hidden: torch.Tensor, segments: torch.Tensor | None):
@@ -135,18 +136,23 @@ class DecoderLayer(nn.Module):
                              position_ids=None, and_mask_function=packed_sequence_mask_function(segments))
         return mask, self.rotary_emb(hidden, positions), positions
 
-    def _router_stats(self, router_logits: torch.Tensor, batch: int) -> torch.Tensor:
-        """Per-sample top-k counts and probability sums, as Hugging Face's load_balancing_loss_func adds them."""
+    def _router_stats(self, router_logits: torch.Tensor, batch: int, segments: torch.Tensor | None) -> torch.Tensor:
+        """Per-sample top-k counts and probability sums, as Hugging Face's load_balancing_loss_func adds them
+        (padding, segment 0, left out as its attention mask leaves it out)."""
         probs = torch.softmax(router_logits, dim=-1)
         _, selected = torch.topk(probs, self.top_k, dim=-1)
         counts = nn.functional.one_hot(selected, self.num_experts).sum(dim=-2).to(torch.float32)
+        probs = probs.float()
+        if segments is not None:
+            keep = (segments.reshape(-1, 1) > 0).to(torch.float32)
+            counts, probs = counts * keep, probs * keep
         counts = counts.view(batch, -1, self.num_experts).sum(dim=1)
-        prob_sums = probs.float().view(batch, -1, self.num_experts).sum(dim=1)
+        prob_sums = probs.view(batch, -1, self.num_experts).sum(dim=1)
         return torch.stack([counts, prob_sums], dim=1)
 
 
 class HeadLayer(nn.Module):
-    """Final norm + LM head: hidden states -> logits (router stats passed through for MoE, segments dropped)."""
+    """Final norm + LM head: hidden states -> logits (for MoE: with the router stats, and the segments when given)."""
 
     def __init__(self, norm: nn.Module, lm_head: nn.Linear) -> None:
         super().__init__()
@@ -154,9 +160,12 @@ class HeadLayer(nn.Module):
         self.lm_head = lm_head
 
     def forward(self, activation):
-        hidden, stats, _segments = unpack(activation)  # the segments end here: the loss needs only labels
+        hidden, stats, segments = unpack(activation)
         logits = self.lm_head(self.norm(hidden))
-        return logits if stats is None else (logits, stats)
+        if stats is None:  # dense: the segments end here, the loss needs only labels
+            return logits
+        # MoE: the load-balancing loss averages over real tokens, which the segments count
+        return (logits, stats) if segments is None else (logits, stats, segments)
 
 
 def _router_of(layer: nn.Module) -> nn.Module | None:

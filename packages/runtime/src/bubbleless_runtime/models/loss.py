@@ -30,20 +30,24 @@ class CausalLMLoss:
     """Tokens per cross-entropy chunk; bounds the float32 logits held at once."""
 
     def __call__(self, output, labels: torch.Tensor) -> torch.Tensor:
-        if isinstance(output, tuple):
-            logits, stats = output
+        if isinstance(output, tuple):  # MoE: (logits, router stats[, segments])
+            logits, stats, *segments = output
             loss = chunked_cross_entropy(logits, labels, chunk_tokens=self.chunk_tokens)
             if self.aux_loss_coef:
-                loss = loss + self.aux_loss_coef * self.aux_loss(stats, tokens_per_sample=logits.shape[1])
+                tokens = _real_tokens(segments[0] if segments else None, logits)
+                loss = loss + self.aux_loss_coef * self.aux_loss(stats, tokens=tokens)
             return loss
         return chunked_cross_entropy(output, labels, chunk_tokens=self.chunk_tokens)
 
-    def aux_loss(self, stats: torch.Tensor, *, tokens_per_sample: int) -> torch.Tensor:
-        """Switch-Transformer load balancing from the carried sums, equal to Hugging Face's formula."""
-        rows = self.num_moe_layers * tokens_per_sample * stats.shape[0]
-        if rows == 0:
+    def aux_loss(self, stats: torch.Tensor, *, tokens=None, tokens_per_sample: int | None = None) -> torch.Tensor:
+        """Switch-Transformer load balancing from the carried sums, equal to Hugging Face's formula;
+        ``tokens``: how many tokens (padding excluded) the sums cover per layer, or ``tokens_per_sample``
+        times the samples in ``stats``."""
+        if tokens is None:
+            tokens = tokens_per_sample * stats.shape[0]
+        if self.num_moe_layers == 0 or not isinstance(tokens, torch.Tensor) and tokens == 0:
             return stats.sum() * 0.0
-        totals = stats.sum(dim=0) / rows
+        totals = stats.sum(dim=0) / (self.num_moe_layers * tokens)
         return (totals[0] * totals[1]).sum() * self.num_experts
 
 
@@ -63,7 +67,7 @@ class CausalLMLoss:
 
         if not isinstance(head, HeadLayer):
             return None
-        hidden, stats, _segments = unpack(activation)  # segments carry no gradient: none is returned for them
+        hidden, stats, segments = unpack(activation)  # segments carry no gradient: none is returned for them
         moe = stats is not None
         if hidden.shape[:2] != labels.shape:
             raise ValueError(
@@ -87,11 +91,18 @@ class CausalLMLoss:
             return total * scale, (hidden.grad,)
         stats = stats.detach().requires_grad_(True)
         if self.aux_loss_coef:
-            aux = self.aux_loss_coef * self.aux_loss(stats, tokens_per_sample=hidden.shape[1])
+            aux = self.aux_loss_coef * self.aux_loss(stats, tokens=_real_tokens(segments, hidden))
             (aux * scale).backward()
             total = total + aux.detach()
         stats_grad = stats.grad if stats.grad is not None else torch.zeros_like(stats)
         return total * scale, (hidden.grad, stats_grad)
+
+
+def _real_tokens(segments: torch.Tensor | None, like: torch.Tensor):
+    """Tokens that are not padding: all of ``like``'s (batch, seq) without segments (at least 1)."""
+    if segments is None:
+        return like.shape[0] * like.shape[1]
+    return (segments > 0).sum().clamp(min=1).to(torch.float32)
 
 
 def chunked_cross_entropy(
