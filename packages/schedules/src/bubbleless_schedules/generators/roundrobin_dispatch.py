@@ -48,11 +48,12 @@ def list_dispatch(groups: PoolGroups, times: JobTimes, num_devices: int, num_mic
     """Each device's action order (see the module docstring) and the makespan the list scheduler saw
     (at least what the simulator gives for that order: it replays each action as early as possible)."""
     count, mbs = groups.num_stages, num_microbatches
+    roles = [groups.role(j) for j in range(count)]  # read once: role() is a method call per action
     size = mbs if round_size is None else round_size
     units = [(job, range(r, min(r + size, mbs))) for r in range(0, mbs, size) for job in range(count)]
     feeds = []
     for job in range(count):
-        if groups.role(job) == "backward":
+        if roles[job] == "backward":
             start = groups.layers(job).start
             feeds.append(groups.forward_stage_holding(start - 1) if start > 0 else None)
         else:
@@ -85,7 +86,7 @@ def list_dispatch(groups: PoolGroups, times: JobTimes, num_devices: int, num_mic
             return found
         unit = taken[device][0]
         job, mine = units[unit]
-        role = groups.role(job)
+        role = roles[job]
         f, r, b, w = progress[unit]
         if split and w < b and role != "forward":  # a deferred W: ready since its I ended here
             found.append((done_g[job][mine[w]][0], 2.5, unit, Kind.W, mine[w]))
@@ -101,7 +102,7 @@ def list_dispatch(groups: PoolGroups, times: JobTimes, num_devices: int, num_mic
             for other in taken[device]:
                 other_job, other_mbs = units[other]
                 nr = progress[other][1]
-                if groups.role(other_job) == "backward" and nr < len(other_mbs):
+                if roles[other_job] == "backward" and nr < len(other_mbs):
                     found.append((input_of(other_job, other_mbs[nr], device), 2 if other == unit else 3, other,
                                   Kind.R, other_mbs[nr]))
                     break
@@ -128,7 +129,7 @@ def list_dispatch(groups: PoolGroups, times: JobTimes, num_devices: int, num_mic
             continue
         found = candidates(device)
         startable = [c for c in found if c[0] is not None and c[0] <= now + 1e-12]
-        if not startable and ahead > 1 and len(taken[device]) == 1 and groups.role(units[taken[device][0]][0]) \
+        if not startable and ahead > 1 and len(taken[device]) == 1 and roles[units[taken[device][0]][0]] \
                 == "backward" and progress[taken[device][0]][1] == len(units[taken[device][0]][1]) and take(device):
             found = candidates(device)  # recompute ahead into the next unit while this one waits
             startable = [c for c in found if c[0] is not None and c[0] <= now + 1e-12]
@@ -151,12 +152,12 @@ def list_dispatch(groups: PoolGroups, times: JobTimes, num_devices: int, num_mic
             duration = times.recompute[job]
         elif kind is Kind.W:
             state[3] += 1
-            if groups.role(job) == "backward":
+            if roles[job] == "backward":
                 held[device] -= 1
             duration = times.weight[job]
         else:
             state[2] += 1
-            if groups.role(job) == "backward" and not split:
+            if roles[job] == "backward" and not split:
                 held[device] -= 1
             duration = times.backward[job] - (times.weight[job] if split else 0.0)
         end = now + duration
@@ -166,7 +167,7 @@ def list_dispatch(groups: PoolGroups, times: JobTimes, num_devices: int, num_mic
         elif kind is gradient:
             done_g[job][m] = (end, device)
         current = taken[device][0]
-        finished = progress[current][(3 if split else 2) if groups.role(units[current][0]) != "forward" else 0]
+        finished = progress[current][(3 if split else 2) if roles[units[current][0]] != "forward" else 0]
         if finished == len(units[current][1]):
             taken[device].pop(0)
         free[device] = end

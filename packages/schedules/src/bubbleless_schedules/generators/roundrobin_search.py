@@ -36,23 +36,31 @@ def dispatched(groups: PoolGroups, layer_costs: Costs, *, num_devices: int, num_
 def search(layer_costs: Costs, *, num_devices: int, num_microbatches: int, memory_limit: float | None,
            pinned: PoolGroups | None = None, ahead: int | None = None, weight_transfers: bool = True,
            split_backward: bool = False) -> Schedule:
-    """The fastest (cut, look-ahead) within ``memory_limit`` (see the module docstring): ranked by the
-    list scheduler's own makespan, the best ``FINALISTS`` judged by the simulator."""
+    """The fastest (cut, look-ahead) within ``memory_limit`` (see the module docstring): every cut with
+    the first look-ahead, the ``FINALISTS`` best cuts with the others too, ranked by the list
+    scheduler's own makespan; the best ``FINALISTS`` of all are judged by the simulator, with transfers."""
     cuts = [pinned] if pinned is not None else candidate_cuts(layer_costs)
     aheads = AHEADS if ahead is None else (ahead,)
     ranked, smallest_peak = [], None
-    for order, groups in enumerate(cuts):
-        for look in aheads:
-            schedule, costs, makespan = dispatched(groups, layer_costs, num_devices=num_devices,
-                                                   num_microbatches=num_microbatches, ahead=look,
-                                                   weight_transfers=weight_transfers,
-                                                   split_backward=split_backward)
-            if memory_limit is not None:
-                peak = max(peak_memory(schedule))
-                smallest_peak = peak if smallest_peak is None else min(smallest_peak, peak)
-                if peak > memory_limit + 1e-9:
-                    continue
-            ranked.append((makespan, order, look, schedule, costs))
+
+    def consider(order: int, look: int) -> None:
+        nonlocal smallest_peak
+        schedule, costs, makespan = dispatched(cuts[order], layer_costs, num_devices=num_devices,
+                                               num_microbatches=num_microbatches, ahead=look,
+                                               weight_transfers=False, split_backward=split_backward)
+        if memory_limit is not None:
+            peak = max(peak_memory(schedule))
+            smallest_peak = peak if smallest_peak is None else min(smallest_peak, peak)
+            if peak > memory_limit + 1e-9:
+                return
+        ranked.append((makespan, order, look, schedule, costs))
+
+    for order in range(len(cuts)):
+        consider(order, aheads[0])
+    ranked.sort(key=lambda r: (r[0], r[1], r[2]))
+    for order in dict.fromkeys(r[1] for r in ranked[:FINALISTS]):
+        for look in aheads[1:]:
+            consider(order, look)
     if not ranked:
         raise ValueError(
             f"no round-robin cut of the {len(layer_costs.forward)} layers fits memory_limit={memory_limit:g} M_B "
@@ -60,9 +68,10 @@ def search(layer_costs: Costs, *, num_devices: int, num_microbatches: int, memor
             f"backward_stages= and last_layers="
         )
     ranked.sort(key=lambda r: (r[0], r[1], r[2]))
-    judged = [(simulate(r[3], r[4]).makespan, i) for i, r in enumerate(ranked[:FINALISTS])]
-    return ranked[min(judged)[1]][3]
+    finalists = [add_weight_transfers(r[3]) if weight_transfers else r[3] for r in ranked[:FINALISTS]]
+    judged = [(simulate(s, r[4]).makespan, i) for i, (s, r) in enumerate(zip(finalists, ranked, strict=False))]
+    return finalists[min(judged)[1]]
 
 
 FINALISTS = 3
-"""Candidates the simulator re-judges after the list scheduler's ranking."""
+"""Cuts tried with every look-ahead, and candidates the simulator re-judges, after the ranking."""
