@@ -323,3 +323,28 @@ def test_rt_pool_runs_the_layer_cost_dispatch_with_recompute_ahead():
     loss = pipe.step(inputs, targets)
     _assert_same(model, ref, inputs, targets, 4, loss)
     assert max(live) <= 2
+
+
+def test_rt_pool_auto_plan_also_tries_the_layer_cost_dispatch_and_keeps_the_faster():
+    from bubbleless_partition import LayerCost, Profile
+    from bubbleless_runtime import pool_plan
+    from bubbleless_schedules import simulate
+    from bubbleless_schedules.roundrobin_layout import pool_groups
+
+    head = LayerCost(name="head", forward=3.0, input_grad=3.0, weight_grad=3.0)
+    body = tuple(LayerCost(name=f"layer{i}", forward=1.0, input_grad=1.3, weight_grad=1.3) for i in range(7))
+    profile = Profile(layers=body + (head,))
+    plan = {"num_devices": 2, "num_microbatches": 4, "name": "roundrobin", "options": {}, "bandwidth": None}
+    _, schedule, costs = pool_plan.auto_groups(profile, memory_cap=None, **plan)
+    _, dp_schedule, dp_costs = pool_plan.auto_groups(profile, memory_cap=1e18, **plan)  # a cap: the DP cuts only
+    layer = generate("roundrobin", num_ranks=2, num_microbatches=4,
+                     layer_costs=pool_plan.layer_costs_of(profile, bandwidth=None))
+    layer_span = simulate(layer, pool_plan.job_costs(profile, pool_groups(layer), bandwidth=None)).makespan
+    chosen = simulate(schedule, costs).makespan
+    assert chosen <= min(layer_span, simulate(dp_schedule, dp_costs).makespan) + 1e-9
+    model, ref = tiny_model(8), tiny_model(8)
+    inputs, targets = tiny_batch(8)
+    pipe = RoundRobinPipeline(model, devices=["cpu", "cpu"], num_microbatches=4, loss_fn=tiny_loss,
+                              partition=profile, timeout=60)
+    loss = pipe.step(inputs, targets)
+    _assert_same(model, ref, inputs, targets, 4, loss)

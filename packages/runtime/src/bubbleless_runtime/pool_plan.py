@@ -10,6 +10,9 @@
 - ``"auto"``: profile the layers on ``sample_input`` and cut. Every count of backward groups from 1 to
   ``3 x devices`` is cut (min-max job times, ``bubbleless_partition``), dispatched, and simulated under
   the profiled per-job costs; the fastest plan is kept (balance is a proxy, the simulated step the goal).
+  Without a memory cap, the ``roundrobin`` generator given the per-layer costs (``layer_costs=``: it
+  picks a cut and a dispatch of its own, tapered groups and recompute ahead into waits) is one more
+  candidate, kept when the simulator says it is faster.
 """
 
 from __future__ import annotations
@@ -89,6 +92,20 @@ def copy_bandwidth(device: torch.device, nbytes: int = 1 << 24) -> float:
     return 3 * nbytes / max(time.perf_counter() - start, 1e-9) / 1e9
 
 
+def layer_costs_of(profile: Profile, *, bandwidth: float | None) -> Costs:
+    """Per-layer costs (model order, the LM head last) for ``generate("roundrobin", layer_costs=...)``;
+    LOAD/STORE move each layer's weight bytes at ``bandwidth`` GB/s (None: free), as ``job_costs``."""
+    layers = profile.layers
+    moved = [0.0 if bandwidth is None else c.param_bytes / (bandwidth * 1e6) for c in layers]
+    return Costs(tuple(c.forward for c in layers), tuple(c.input_grad for c in layers),
+                 tuple(c.weight_grad for c in layers), 0.0,
+                 recompute=tuple(c.forward if c.recompute is None else c.recompute for c in layers),
+                 load=tuple(moved), store=tuple(moved))
+
+
+_CUT_OPTIONS = frozenset({"forward_stages", "backward_stages", "last_layers", "layer_costs", "num_layers"})
+
+
 def auto_groups(profile: Profile, *, num_devices: int, num_microbatches: int, name: str, options: dict,
                 bandwidth: float | None, memory_cap: float | None) -> tuple[PoolGroups, Schedule, Costs]:
     """The cut and schedule the simulator predicts fastest among 1 .. 3 x devices backward groups."""
@@ -110,6 +127,14 @@ def auto_groups(profile: Profile, *, num_devices: int, num_microbatches: int, na
             best = (makespan, groups, schedule, costs)
     if best is None:
         raise ValueError(f"no round-robin cut of the profile fits: {errors[-1]}")
+    if name == "roundrobin" and memory_cap is None and not _CUT_OPTIONS & set(options):
+        schedule = generate(name, num_ranks=num_devices, num_microbatches=num_microbatches,
+                            layer_costs=layer_costs_of(profile, bandwidth=bandwidth), **options)
+        groups = pool_groups(schedule)
+        costs = job_costs(profile, groups, bandwidth=bandwidth)
+        makespan = simulate(schedule, costs).makespan
+        if makespan < best[0] - 1e-12:
+            best = (makespan, groups, schedule, costs)
     return best[1], best[2], best[3]
 
 
@@ -172,5 +197,5 @@ def check_schedule(schedule: Schedule, *, num_layers: int, num_devices: int, num
     return schedule
 
 
-__all__ = ["LayerCost", "OneLayerOnDevice", "auto_groups", "check_schedule", "copy_bandwidth", "generate_pool", "groups_from_partition",
+__all__ = ["LayerCost", "OneLayerOnDevice", "auto_groups", "layer_costs_of", "check_schedule", "copy_bandwidth", "generate_pool", "groups_from_partition",
            "job_costs", "profile_layers"]
