@@ -101,3 +101,43 @@ def test_evaluation_measures_the_training_loss(tmp_path):
     evaluated = Evaluation(data, 0).run(trainer)
     assert all(p.grad is None for p in pipe.parameters())
     assert trainer.train_step(data).loss == pytest.approx(evaluated, rel=1e-6)
+
+
+def _forward_only_rank(rank, port, out, schedule):
+    import torch.distributed as dist
+
+    from bubbleless_runtime.data_eval import ForwardOnly
+    from bubbleless_runtime.models import pipeline_model
+    from bubbleless_runtime.pipeline import Pipeline
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        piped = pipeline_model(build_causal_lm("llama", seed=0, **TINY))
+        pipe = Pipeline(piped.layers, schedule=schedule, num_microbatches=4, loss_fn=piped.loss_fn)
+        g = torch.Generator().manual_seed(0)
+        ids = torch.randint(0, 300, (8, 16), generator=g)
+        segments = torch.ones_like(ids)
+        segments[:, 10:] = 2  # two documents per row
+        evaluated = [ForwardOnly.of(pipe).step((ids, segments), ids) for _ in range(2)]  # the second reuses shapes
+        no_grads = all(p.grad is None for p in pipe.parameters())
+        trained = pipe.step((ids, segments), ids)
+        torch.save({"eval": [None if e is None else float(e) for e in evaluated], "no_grads": no_grads,
+                    "train": None if trained is None else float(trained)}, os.path.join(out, f"{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", ["zbv", "1f1b"])
+def test_forward_only_evaluation_on_two_ranks_gives_the_training_loss(tmp_path, schedule):
+    import torch.multiprocessing as mp
+
+    from bubbleless_runtime.testing import free_port
+
+    mp.start_processes(_forward_only_rank, args=(free_port(), str(tmp_path), schedule), nprocs=2, start_method="fork")
+    results = [torch.load(tmp_path / f"{r}.pt") for r in range(2)]
+    assert all(r["no_grads"] for r in results)
+    holder = [r for r in results if r["train"] is not None]
+    assert len(holder) == 1
+    assert holder[0]["eval"] == [pytest.approx(holder[0]["train"], rel=1e-6)] * 2
