@@ -141,3 +141,21 @@ def test_forward_only_evaluation_on_two_ranks_gives_the_training_loss(tmp_path, 
     holder = [r for r in results if r["train"] is not None]
     assert len(holder) == 1
     assert holder[0]["eval"] == [pytest.approx(holder[0]["train"], rel=1e-6)] * 2
+
+
+@pytest.mark.slow
+def test_round_robin_pool_trains_and_evaluates_on_real_data(tmp_path):
+    out = str(tmp_path / "pool")
+    text = config_text(tmp_path, out, steps=3).replace(
+        "pipeline: {schedule: 1f1b, nproc: 2, num_microbatches: 2}",
+        "pipeline: {schedule: roundrobin, devices: [cpu, cpu], num_microbatches: 2, partition: auto}")
+    stdout = train(tmp_path, "pool", text)
+    records = metrics(out)
+    assert [r["step"] for r in records if "eval_loss" in r] == [2, 3]
+    assert "packed into" in stdout
+    from safetensors.torch import load_file
+
+    trained = load_file(os.path.join(out, "model", "model.safetensors"))
+    initial = load_file(tmp_path / "model" / "model.safetensors")
+    assert trained.keys() == initial.keys()
+    assert not torch.equal(trained["model.layers.0.mlp.down_proj.weight"], initial["model.layers.0.mlp.down_proj.weight"])
