@@ -74,3 +74,44 @@ def test_auto_passes_input_grad_frees_on():
     zb_freed = generate("zb", costs=costs, input_grad_frees=frees, **shape)
     zb_kept = generate("zb", costs=costs, **shape)
     assert timeline.makespan <= simulate(zb_freed, costs).makespan < simulate(zb_kept, costs).makespan
+
+
+@pytest.mark.parametrize("costs", [Costs.unit(), PAPER, Costs(1.0, 1.5, 1.0, 0.1), Costs(1.0, 1.0, 1.0, 0.5)])
+@pytest.mark.parametrize("p,m", [(2, 3), (4, 4), (4, 9), (6, 12)])
+def test_placement_bound_is_a_lower_bound(costs, p, m):
+    """auto skips a generator whose bound is not below the best so far, so the bound must never exceed
+    what the generator achieves (else a faster schedule would be skipped)."""
+    from bubbleless_schedules.generators.bounds import placement_bound
+    from bubbleless_schedules.registry import generator
+
+    checked = 0
+    for name in available():
+        placement_of = getattr(generator(name), "placement_of", None)
+        if placement_of is None:
+            continue
+        try:
+            schedule = generate(name, num_ranks=p, num_microbatches=m, costs=costs)
+        except ValueError:
+            continue
+        assert schedule.stage_to_rank == placement_of(p)
+        bound = placement_bound(placement_of(p), m, costs)
+        assert simulate(schedule, costs).makespan >= bound - 1e-9, name
+        checked += 1
+    assert checked >= 6
+
+
+def test_placement_bound_is_reached_by_zbv_at_unit_costs():
+    """The bound is tight where ZB-V's closed form is: 6m chunk passes of 1/2 plus p-1 forwards' ramp."""
+    from bubbleless_schedules.generators.bounds import placement_bound
+    from bubbleless_schedules.placement import v_placement
+
+    assert placement_bound(v_placement(4), 8, Costs.unit()) == 3 * 8 + 3 * 0.5
+    assert simulate(generate("zbv", num_ranks=4, num_microbatches=8)).makespan == 3 * 8 + 3 * 0.5
+
+
+def test_auto_skips_no_generator_that_could_be_faster():
+    """With pruning, auto still equals the exhaustive oracle on a shape where ZB-V hits the bound and
+    on per-stage costs where no V schedule applies."""
+    for costs, p, m in ((Costs.unit(), 4, 8), (Costs([1.0, 1.2, 0.9, 2.0], [1.0, 1.2, 0.9, 2.0], 0.5, 0.1), 4, 8)):
+        schedule = generate("auto", num_ranks=p, num_microbatches=m, costs=costs)
+        assert simulate(schedule, costs).makespan == pytest.approx(min(every_fitting_makespan(p, m, costs, None).values()))

@@ -52,6 +52,11 @@ def aliases() -> dict[str, str]:
     return dict(_ALIASES)
 
 
+def generator(name: str) -> Generator:
+    """The function registered under ``name`` (or an alias of it)."""
+    return _GENERATORS[canonical_name(name)]
+
+
 def canonical_name(name: str) -> str:
     _load_builtin()
     name = _ALIASES.get(name, name)
@@ -75,6 +80,7 @@ def generate(
     num_microbatches: int,
     costs: Costs | None = None,
     memory_limit: float | None = None,
+    validated: bool = True,
     **options,
 ) -> Schedule:
     """Build the schedule ``name`` for ``num_ranks`` ranks and ``num_microbatches`` micro-batches.
@@ -82,6 +88,8 @@ def generate(
     ``costs`` (default: unit costs) steer cost-aware generators; ``memory_limit`` (in M_B, the
     activations of one micro-batch on one rank's share) bounds every rank's peak (``inf`` or None: no
     limit). Raises ``ValueError`` saying what to change when the name is unknown, the shape is unsupported or the limit cannot be met.
+    ``validated=False`` skips the validator, for a caller that simulates the result anyway (which raises
+    on a deadlock or a missing action) and validates the one it keeps, as ``auto`` does.
     """
     name = canonical_name(name)
     fn = _GENERATORS[name]
@@ -102,16 +110,17 @@ def generate(
     options = _options_for(fn, name, options)
 
     def build(steering: Costs) -> Schedule:
-        return validate(fn(
+        return (validate if validated else _as_is)(fn(
             num_ranks=num_ranks, num_microbatches=num_microbatches, costs=steering, memory_limit=memory_limit,
             **options,
         ))
 
     schedule = build(costs)
-    if costs.heterogeneous:
+    if costs.heterogeneous and not getattr(fn, "median_checked", False):
         # A search steered by uneven per-stage costs can land on an order that the same search steered by
         # the median would beat; keeping the faster of the two under the true costs makes per-stage costs
-        # never a loss, for every generator at once.
+        # never a loss, for every generator at once. A generator whose every candidate already went through
+        # this (``auto``) sets ``median_checked`` and is built once.
         schedule = _faster(schedule, build(costs.median()), costs, input_grad_frees)
     if memory_limit is not None:
         peak = max(peak_memory(schedule, input_grad_frees))
@@ -144,6 +153,10 @@ def _options_for(fn: Generator, name: str, options: dict) -> dict:
         takes = ", ".join(sorted(accepted | _UNIVERSAL))
         raise ValueError(f"schedule {name!r} takes no option {', '.join(unknown)}; its options are: {takes}")
     return {key: value for key, value in options.items() if key in accepted}
+
+
+def _as_is(schedule: Schedule) -> Schedule:
+    return schedule
 
 
 def _faster(first: Schedule, second: Schedule, costs: Costs, input_grad_frees: float) -> Schedule:

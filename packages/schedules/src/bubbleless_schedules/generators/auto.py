@@ -4,16 +4,29 @@ Each registered generator (``auto`` itself excepted) is asked for a schedule of 
 same ``memory_limit``; those that refuse the shape or the limit (``ValueError``) and those that are not
 stage-bound (``stage_to_rank is None``, e.g. round-robin pools, which need a different runtime) are
 skipped. The rest are simulated under the given costs, and the one with the smallest makespan wins
-(ties: lower peak memory, then registration order). The returned schedule keeps its generator's name,
-so the choice is visible.
+(ties: lower peak memory, then the order tried). Generators are tried lowest lower bound first
+(``bounds``; among equal bounds the one with the lowest declared peak first), and one whose bound is
+not below the best makespan so far is skipped, as it could at most tie (at unit costs and m >= 2p ZB-V
+reaches the V placement's bound, so DualPipeV and the one-chunk schedules are not built). The returned
+schedule keeps its generator's name, so the choice is visible.
+
+Speed (p=32, m=256 is the issue's yardstick): a generator is asked for the full shape only once a
+two-rank probe has shown it stage-bound, so a round-robin pool is never built just to be dropped; and
+``auto`` does not go through the registry's median re-run for uneven per-stage costs
+(``auto.median_checked``): each candidate already had it, so the median-steered ``auto`` could only pick one
+of the schedules already compared under the true costs. Candidates skip the validator (simulating them
+raises on a deadlock or a missing action); the registry validates the winner.
 """
 
 from __future__ import annotations
 
+from functools import cache
+
 from ..costs import Costs
-from ..registry import available, generate, register
+from ..registry import available, generate, generator, register
 from ..schedule import Schedule
 from ..simulate import simulate
+from .bounds import placement_bound
 
 SELF = "auto"
 
@@ -21,15 +34,22 @@ SELF = "auto"
 def stage_bound_candidates(
     *, num_ranks: int, num_microbatches: int, costs: Costs, memory_limit: float | None, input_grad_frees: float
 ) -> list[tuple[float, float, Schedule]]:
-    """(makespan, peak memory, schedule) of every registered stage-bound schedule that fits, in registry order."""
-    found = []
-    for name in available():
-        if name == SELF:
+    """(makespan, peak memory, schedule) of the registered stage-bound schedules that fit, lowest bound first.
+
+    A generator whose lower bound (``bounds.placement_bound``) is not below the best makespan found so far
+    is skipped: it could at most tie. The list is in the order tried (bound, then registry order)."""
+    names = [name for name in available() if name != SELF and _stage_bound(name)]
+    bounds = {name: _bound(name, num_ranks, num_microbatches, costs) for name in names}
+    found, best = [], float("inf")
+    cap = float("inf") if memory_limit is None else memory_limit
+    frugal = {name: min(cap, _peak_hint(name, num_ranks, num_microbatches)) for name in names}
+    for name in sorted(names, key=lambda n: (bounds[n], frugal[n], names.index(n))):
+        if bounds[name] >= best - 1e-9:
             continue
         try:
             schedule = generate(
                 name, num_ranks=num_ranks, num_microbatches=num_microbatches, costs=costs,
-                memory_limit=memory_limit, input_grad_frees=input_grad_frees,
+                memory_limit=memory_limit, input_grad_frees=input_grad_frees, validated=False,
             )
             if schedule.stage_to_rank is None:
                 continue
@@ -37,7 +57,30 @@ def stage_bound_candidates(
         except ValueError:  # this shape, limit or per-stage cost list is not one it supports
             continue
         found.append((timeline.makespan, timeline.max_peak_memory, schedule))
+        best = min(best, timeline.makespan)
     return found
+
+
+def _peak_hint(name: str, num_ranks: int, num_microbatches: int) -> float:
+    peak_of = getattr(generator(name), "peak_of", None)
+    return float("inf") if peak_of is None else float(peak_of(num_ranks, num_microbatches))
+
+
+def _bound(name: str, num_ranks: int, num_microbatches: int, costs: Costs) -> float:
+    placement_of = getattr(generator(name), "placement_of", None)
+    if placement_of is None:
+        return 0.0
+    return placement_bound(placement_of(num_ranks), num_microbatches, costs)
+
+
+@cache
+def _stage_bound(name: str) -> bool:
+    """Whether ``name`` places stages on ranks, read off a two-rank, two-micro-batch schedule (True when
+    that shape is refused: the full shape is then tried and checked)."""
+    try:
+        return generate(name, num_ranks=2, num_microbatches=2).stage_to_rank is not None
+    except ValueError:
+        return True
 
 
 @register(SELF)
@@ -62,3 +105,6 @@ def auto(
         )
     best = min(range(len(found)), key=lambda i: (round(found[i][0], 9), found[i][1], i))
     return found[best][2]
+
+
+auto.median_checked = True  # see the module docstring: the registry's median re-run is redundant here

@@ -130,3 +130,7 @@ def dualpipev(*, num_ranks: int, num_microbatches: int, costs: Costs, memory_lim
         if best_key is None or key < best_key:
             best, best_key = schedule, key
     return best
+
+
+dualpipev.placement_of = v_placement  # for auto's bound and order (generators/bounds.py)
+dualpipev.peak_of = lambda p, m: p + 0.5

@@ -308,6 +308,8 @@ def _v_generator(name: str, cap_m_b, **_):
         return Schedule(best.actions, num_stages=2 * p, num_microbatches=m, stage_to_rank=v_placement(p), name=name)
 
     generate.__name__ = name.replace("-", "_")
+    generate.placement_of = v_placement  # for auto's bound and order (generators/bounds.py)
+    generate.peak_of = lambda p, m: cap_m_b(p)
     generate.__doc__ = f"{name}: V placement, peak at most {cap_m_b.__doc__} M_B (and memory_limit)."
     return generate
 

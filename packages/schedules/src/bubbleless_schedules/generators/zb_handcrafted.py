@@ -86,3 +86,8 @@ def zb_h2(*, num_ranks: int, num_microbatches: int, costs=None, memory_limit=Non
     """ZB-H2: peak at most 2p M_B (min(2p-1, m) for the handcrafted order), no idle inside any rank's span at
     unit costs for m >= 2p-1."""
     return _best_of("zb-h2", num_ranks, num_microbatches, costs, memory_limit, input_grad_frees, 2)
+
+
+zb_h1.placement_of = zb_h2.placement_of = loop_placement  # for auto's bound and order (generators/bounds.py)
+zb_h1.peak_of = lambda p, m: p
+zb_h2.peak_of = lambda p, m: 2 * p
