@@ -5,20 +5,23 @@ whose gradient for m has not arrived can only recompute m itself. Here every dev
 it is free, from what has happened so far (a discrete-event run in time order):
 
 1. the current job's next B when its gradient is already there (the critical path first; with
-   ``JobTimes.weight`` the B is split and only its input half I runs here, its W waits in step 3b);
+   ``JobTimes.weight`` the B is split and only its input half I runs here, its W waits for step 4);
 2. else the current job's next F (forward and fused last jobs, in micro-batch order);
 3. else, while fewer than ``ahead`` micro-batches are recomputed but not yet backpropagated on the
-   device, the next R of the current job, or else of the device's next job (whose weights the pool
-   has already prefetched, see ``pool_worker.load``): recompute of micro-batch m needs only m's saved
-   input, so it may run long before m's gradient, in the wait for it;
-3b. else a deferred W of the current job (split backward only: W is off the critical path, so it
-   fills gaps; a job ends, and its STORE follows, once its last W has run);
-4. else wait for the earliest of those to become possible.
+   device, the current job's next R: recompute of micro-batch m needs only m's saved input, so it may
+   run long before m's gradient, in the wait for it;
+4. else a deferred W of the current job (split backward only: W is off the critical path, so it fills
+   gaps; a job ends, and its STORE follows, once its last W has run);
+5. else (``ahead`` > 1) the next R of the device's next job, whose weights the pool has prefetched
+   (``pool_worker._prefetch``);
+6. else wait for the earliest of those to become possible.
 
-Jobs are dealt to devices round-robin (job k to device k mod N), each device takes its jobs in order,
-and only R may run ahead into the next job, so at most two jobs' weights are ever needed on a device.
-``ahead`` bounds activation memory: a device holds at most ``ahead`` micro-batches of its largest
-group (1 is RoundPipe's order). The simulator judges the result; this only chooses the order.
+Jobs (one stage over all micro-batches, or over one round with ``round_size``) are dealt in execution
+order to the first device that has none (at time 0: job d to device d); a device whose current
+backward job has recomputed everything and waits takes its next job early, for its R only, so at most
+two jobs' weights are ever needed on a device. ``ahead`` bounds activation memory: a device holds at
+most ``ahead`` micro-batches of its largest group (1 is RoundPipe's order). The simulator judges the
+result; this only chooses the order.
 """
 
 from __future__ import annotations
