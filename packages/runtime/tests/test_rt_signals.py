@@ -211,3 +211,13 @@ def test_rt_bubbleless_train_with_a_stopped_rank_ends_non_zero_naming_it(tmp_pat
     headline = err.strip().splitlines()[-1]
     assert re.match(r"bubbleless: rank \d stopped responding: .*stopped \(SIGSTOP", headline), err[-3000:]
     assert wait_until(lambda: not marked_processes(marker)), marked_processes(marker)
+
+
+@pytest.mark.slow
+def test_rt_the_process_group_timeout_can_be_shortened_after_the_first_step():
+    """bubbleless train starts its group with first_step_timeout and shortens it to pipeline.timeout after
+    the first step (torch's _set_pg_timeout): on gloo a blocking all-reduce must then give up in time."""
+    from bubbleless_runtime.testing_faults import collective_after_shortening_the_timeout
+
+    results = spawn(collective_after_shortening_the_timeout, 2, 1.0, 4.0, threads_per_process=1, pg_timeout=60)
+    assert results[0].startswith("failed: ") and "Timed out" in results[0], results

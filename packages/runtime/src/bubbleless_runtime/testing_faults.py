@@ -75,3 +75,19 @@ def first_step_waits(rank: int, timeout: float, first_step_timeout: float, delay
         time.sleep(delay)
     pipe.step(inputs, targets)
     return "ok"
+
+
+def collective_after_shortening_the_timeout(rank: int, seconds: float, delay: float) -> str:
+    """Shorten the default group's timeout to ``seconds`` (as ``bubbleless train`` does after its first
+    step), then all-reduce with rank 1 ``delay`` s late: rank 0 must give up after ``seconds``."""
+    import time
+    from datetime import timedelta
+
+    dist.distributed_c10d._set_pg_timeout(timedelta(seconds=seconds))
+    if rank == 1:
+        time.sleep(delay)
+    try:
+        dist.all_reduce(torch.zeros(1))
+    except RuntimeError as exc:
+        return f"failed: {str(exc)[:200]}"
+    return "ok"
