@@ -194,6 +194,18 @@ def _first_step_timeout(config: RunConfig) -> float:
     return 4.0 * p.timeout if p.first_step_timeout is None else p.first_step_timeout
 
 
+def _steady_timeouts(config: RunConfig) -> None:
+    """After the first step: the default process group's blocking collectives wait ``pipeline.timeout``
+    (they were given ``first_step_timeout`` to start); the pipeline's own waits switch by themselves."""
+    import datetime
+
+    import torch.distributed as dist
+
+    set_timeout = getattr(dist.distributed_c10d, "_set_pg_timeout", None)  # torch >= 2.3
+    if set_timeout is not None and dist.is_initialized():
+        set_timeout(datetime.timedelta(seconds=config.pipeline.timeout))
+
+
 def _end_rank_process(code: int = 0) -> None:
     """End a torchrun rank after a finished run without Python's interpreter finalization.
 
@@ -217,8 +229,9 @@ def launch(config: RunConfig) -> None:
     from .launch import spawn
 
     # the group's own timeout bounds blocking collectives (the Trainer's all-reduces) like the pipeline's
-    # transfers, so a stalled rank ends the run within pipeline.timeout wherever the others wait for it
-    spawn(_spawned_rank, nproc, config, backend=config.pipeline.backend, pg_timeout=config.pipeline.timeout)
+    # transfers: first_step_timeout while ranks start and run their first step, then pipeline.timeout
+    # (_steady_timeouts), so a stalled rank ends the run within it wherever the others wait for it
+    spawn(_spawned_rank, nproc, config, backend=config.pipeline.backend, pg_timeout=_first_step_timeout(config))
 
 
 def _spawned_rank(rank: int, config: RunConfig) -> None:
@@ -238,7 +251,7 @@ def run_rank(config: RunConfig) -> RunResult:
 
     created = dist.is_available() and under_torchrun() and not dist.is_initialized()
     if created:  # torchrun: we join the group (and pick this process's GPU); under launch.spawn it exists
-        init_from_env(backend=config.pipeline.backend, timeout=config.pipeline.timeout)
+        init_from_env(backend=config.pipeline.backend, timeout=_first_step_timeout(config))
     rank = dist.get_rank() if dist.is_initialized() else 0
     if under_torchrun():  # torchrun sets the world; pipeline.nproc is ignored (and reported as it ran)
         config.pipeline.nproc = dist.get_world_size()
@@ -392,8 +405,11 @@ def _train(config: RunConfig, *, rank: int, stop: StopRequest | None = None) -> 
     losses, tokens, seconds, warm = [], 0, 0.0, False
     bar = _progress(rank, total=steps, initial=trainer.step)
     metrics = open_metrics(out, rank=rank, resume_step=trainer.step)  # out/metrics.jsonl, TensorBoard
+    first = trainer.step
     while trainer.step < steps:
         stats = trainer.train_step(data)
+        if trainer.step == first + 1:
+            _steady_timeouts(config)
         losses.append(stats.loss)
         eval_loss = evaluation.run(trainer) if evaluation is not None and evaluation.due(trainer.step, steps) else None
         if bar is not None and eval_loss is not None:
