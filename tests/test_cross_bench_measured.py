@@ -56,7 +56,7 @@ def test_cross_bench_measured_bisection_finds_the_longest_fitting_sequence():
 
 @pytest.mark.slow
 def test_cross_bench_measured_our_pipeline_torch_1f1b_and_ddp_train_the_same_problem(tmp_path):
-    from bench.measured.report import write
+    from bench.measured.report import rerender, write
 
     scenario = SMALL.with_(systems=("bubbleless-1f1b", "1f1b", "ddp", "roundrobin"))
     systems = measure(scenario)
@@ -69,6 +69,9 @@ def test_cross_bench_measured_our_pipeline_torch_1f1b_and_ddp_train_the_same_pro
     assert "| bubbleless-1f1b | yes |" in text and "MEASURED" in text and "commit" in text
     data = json.loads(js.read_text())
     assert data["meta"]["scenario"]["name"] == "test" and data["systems"]["ddp"]["loss_equal"] is True
+    again, _ = rerender(js, tmp_path / "again.md", calibration=False)  # --render: same record, nothing rerun
+    rendered = again.read_text().replace("again.json", "measured.json")  # the raw figures' file is named
+    assert rendered.split("## Full configuration")[0] == text.split("## Full configuration")[0]
 
 
 @pytest.mark.slow

@@ -12,7 +12,9 @@ RESULTS = ROOT / "bench" / "results" / "measured.md"
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Run every system of a scenario for real (CPU, gloo).")
-    parser.add_argument("--scenario", type=Path, required=True, help="a YAML file under bench/scenarios/")
+    parser.add_argument("--scenario", type=Path, help="a YAML file under bench/scenarios/")
+    parser.add_argument("--render", type=Path, default=None,
+                        help="re-write the markdown from a run's JSON (its meta kept), running nothing")
     parser.add_argument("--systems", default=None, help="comma-separated subset of the scenario's systems")
     parser.add_argument("--quick", action="store_true",
                         help="one round of 3 timed steps after 1 warm-up, no longest-sequence search")
@@ -30,6 +32,15 @@ def main(argv=None) -> int:
     from .scenario import load_scenario
 
     args = parse_args(argv)
+    if args.render:
+        from .report import rerender
+
+        md, _ = rerender(args.render, args.out, calibration=not args.no_calibration)
+        print(f"wrote {md}")
+        return 0
+    if args.scenario is None:
+        print("error: give --scenario bench/scenarios/NAME.yaml (or --render RUN.json)", file=sys.stderr)
+        return 2
     try:
         scenario = load_scenario(args.scenario)
         if args.systems:

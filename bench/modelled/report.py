@@ -8,6 +8,7 @@ the per-hardware tables, 1/2/4/8 for scaling; sequence 2048, micro-batch 1, 32 s
 from __future__ import annotations
 
 import datetime
+import os
 import platform
 import subprocess
 from dataclasses import dataclass
@@ -164,7 +165,7 @@ WHY = [
     "(pessimistic): compare 'all jobs' work spread evenly' with the baseline's step for what balance alone "
     "could gain. The baselines are modelled "
     "generously (transfers perfectly overlapped with compute, no hook or launch overhead), which RoundPipe's "
-    "measured baselines did not enjoy; calibration against measured runs is pending. Longest sequence: "
+    "measured baselines did not enjoy; calibrated on CPU only (bench/results/measured.md), not on a GPU. Longest sequence: "
     "round-robin is far ahead of every baseline on every model, since it keeps one layer's activations "
     "and a 4,096-token loss chunk on a GPU where the others keep every layer's checkpoint and whole logits.",
 ]
@@ -226,13 +227,15 @@ def write_report(out: Path, *, plots: bool = True) -> Path:
         "`python bench/model.py --hardware HW --gpus N --model MODEL --system SYSTEM --seq-len 2048 --json`.",
         "",
         f"Run {stamp} on {platform.platform()}, Python {platform.python_version()}, {_versions()}; commit {_git_commit(root)} "
-        f"(uncommitted changes under packages/ at run time: {_dirty(root)}). "
+        f"(uncommitted changes under packages/ at run time: {_dirty(root)}; packages imported from "
+        f"{os.environ.get('PYTHONPATH') or 'the installed (editable) packages'}). "
         f"Setting: sequence {SEQ_LEN}, micro-batch 1, {GLOBAL_BATCH} sequences per optimizer step for every "
         f"system, bf16 mixed precision (Adam, fp32 masters); Qwen3-235B-A22B as LoRA rank {LORA_RANK}. Cost "
         "models: `bench/modelled/` (ours: `ours.py`, on our planners and simulator; baselines: `baselines.py`, "
         "from their published mechanisms; shared physics and assumptions: `common.py`). Hardware: "
         "`bubbleless_partition.hardware_data` (sources per field). Calibration against measured runs: "
-        "**pending** (no measured CPU runs exist yet; `bench/modelled/calibrate.py` is the hook).",
+        "on CPU only, in bench/results/measured.md (its Calibration section: each model's CPU prediction "
+        "against the measured tokens/s, with the error per system); no GPU calibration yet.",
         "",
         "## Hardware profiles used",
         "", *assumptions(), "",
