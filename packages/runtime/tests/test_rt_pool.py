@@ -348,3 +348,33 @@ def test_rt_pool_auto_plan_also_tries_the_layer_cost_dispatch_and_keeps_the_fast
                               partition=profile, timeout=60)
     loss = pipe.step(inputs, targets)
     _assert_same(model, ref, inputs, targets, 4, loss)
+
+
+def test_rt_pool_runs_the_next_jobs_recompute_in_the_current_jobs_waits():
+    """A device recomputes its next backward job (jobs k mod N) while the current one waits for gradients:
+    the pool runs that order within two jobs' weights and matches the unpipelined gradients."""
+    from bubbleless_schedules import Costs
+    from bubbleless_schedules.generators.roundrobin_search import dispatched
+
+    groups = PoolGroups((3, 3), 2, (1, 1, 1, 1, 1, 1))
+    layer_costs = Costs([1.0] * 7 + [3.0], [1.2] * 7 + [3.0], [1.2] * 7 + [3.0], 0.1)
+    schedule, _, _ = dispatched(groups, layer_costs, num_devices=2, num_microbatches=4, ahead=1, next_ahead=4)
+    assert any(a.kind.value == "R" and any(b.kind.value == "B" and b.stage < a.stage for b in row[i + 1:])
+               for row in schedule.actions for i, a in enumerate(row)), schedule.render()
+    model, ref = tiny_model(8), tiny_model(8)
+    inputs, targets = tiny_batch(8)
+    pipe = RoundRobinPipeline(model, devices=["cpu", "cpu"], num_microbatches=4, loss_fn=tiny_loss,
+                              schedule=schedule, partition=groups, timeout=60)
+    live = []
+    for worker in pipe.workers:
+        original = worker.weights.load
+
+        def load(layers, worker=worker, original=original):
+            job = original(layers)
+            live.append(len(worker.weights._live))
+            return job
+
+        worker.weights.load = load
+    loss = pipe.step(inputs, targets)
+    _assert_same(model, ref, inputs, targets, 4, loss)
+    assert max(live) <= 2

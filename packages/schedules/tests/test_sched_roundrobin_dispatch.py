@@ -147,3 +147,18 @@ def test_load_stream_overlaps_uploads_with_the_previous_jobs_compute():
     assert bounded.makespan >= 500.0 * jobs_per_device
     with pytest.raises(ValueError, match="load_stream=True models the round-robin pool"):
         steady_state(generate("1f1b", num_ranks=2, num_microbatches=2), load_stream=True)
+
+
+def test_next_job_recompute_fills_waits_within_its_own_slots():
+    from bubbleless_schedules.generators.roundrobin_search import dispatched
+
+    layer_costs = profile(12, 3.0, 2.6)
+    groups = PoolGroups((4, 4, 4), 1, (1, 1, 2, 2, 2, 2, 2))
+    runs = {n: dispatched(groups, layer_costs, num_devices=4, num_microbatches=8, ahead=1, next_ahead=n)
+            for n in (0, 8)}
+    plain, early = (runs[n][0] for n in (0, 8))
+    assert simulate(early, runs[8][1]).makespan <= simulate(plain, runs[0][1]).makespan
+    # some device recomputes a later job while an earlier one still has backwards to run
+    assert any(a.kind.value == "R" and any(b.kind.value == "B" and b.stage < a.stage for b in row[i + 1:])
+               for row in early.actions for i, a in enumerate(row))
+    assert max(peak_memory(early)) > max(peak_memory(plain))  # the price: the next job's activations

@@ -7,21 +7,23 @@ it is free, from what has happened so far (a discrete-event run in time order):
 1. the current job's next B when its gradient is already there (the critical path first; with
    ``JobTimes.weight`` the B is split and only its input half I runs here, its W waits for step 4);
 2. else the current job's next F (forward and fused last jobs, in micro-batch order);
-3. else, while fewer than ``ahead`` micro-batches are recomputed but not yet backpropagated on the
-   device, the current job's next R: recompute of micro-batch m needs only m's saved input, so it may
-   run long before m's gradient, in the wait for it;
+3. else, while fewer than ``ahead`` of the current job's micro-batches are recomputed but not yet
+   backpropagated, the current job's next R: recompute of micro-batch m needs only m's saved input,
+   so it may run long before m's gradient, in the wait for it;
 4. else a deferred W of the current job (split backward only: W is off the critical path, so it fills
    gaps; a job ends, and its STORE follows, once its last W has run);
-5. else (``ahead`` > 1) the next R of the device's next job, whose weights the pool has prefetched
-   (``pool_worker._prefetch``);
+5. else the next R of the device's next backward job, whose weights the pool has prefetched
+   (``pool_worker._prefetch``), within slots of its own (``max(ahead - 1, next_ahead)``; the current
+   job's slots are never taken, which could deadlock the chain of gradients);
 6. else wait for the earliest of those to become possible.
 
 Jobs (one stage over all micro-batches, or over one round with ``round_size``) are dealt in execution
-order to the first device that has none (at time 0: job d to device d); a device whose current
-backward job has recomputed everything and waits takes its next job early, for its R only, so at most
-two jobs' weights are ever needed on a device. ``ahead`` bounds activation memory: a device holds at
-most ``ahead`` micro-batches of its largest group (1 is RoundPipe's order). The simulator judges the
-result; this only chooses the order.
+order to the first device that has none (at time 0: job d to device d); with ``next_ahead`` job k goes
+to device k mod N instead, so a device knows its next job and can recompute it in the current job's
+waits. A device whose current backward job waits takes its next backward job early, for its R only,
+so at most two jobs' weights are ever needed on a device. Activation memory: a device holds at most
+``ahead`` micro-batches of its current group and ``max(ahead - 1, next_ahead)`` of its next (1 and 0:
+RoundPipe's one at a time). The simulator judges the result; this only chooses the order.
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ class JobTimes:
 
 
 def list_dispatch(groups: PoolGroups, times: JobTimes, num_devices: int, num_microbatches: int,
-                  ahead: int, round_size: int | None = None) -> tuple[list[list[Action]], float]:
+                  ahead: int, round_size: int | None = None, next_ahead: int = 0,
+                  ) -> tuple[list[list[Action]], float]:
     """Each device's action order (see the module docstring) and the makespan the list scheduler saw
     (at least what the simulator gives for that order: it replays each action as early as possible)."""
     count, mbs = groups.num_stages, num_microbatches
@@ -67,7 +70,7 @@ def list_dispatch(groups: PoolGroups, times: JobTimes, num_devices: int, num_mic
     split = times.weight is not None
     gradient = Kind.I if split else Kind.B
     taken = [[] for _ in range(num_devices)]  # the device's current unit and at most one next unit
-    held = [0] * num_devices
+    held = [0] * len(units)  # per unit: micro-batches recomputed but not yet backpropagated
     rows: list[list[Action]] = [[] for _ in range(num_devices)]
     comm = times.comm
     dealt = 0
@@ -101,23 +104,33 @@ def list_dispatch(groups: PoolGroups, times: JobTimes, num_devices: int, num_mic
             return found
         if b < r:
             found.append((arrival(done_g[job - 1][mine[b]], device), 0, unit, gradient, mine[b]))
-        if held[device] < ahead:
-            for other in taken[device]:
-                other_job, other_mbs = units[other]
-                nr = progress[other][1]
-                if roles[other_job] == "backward" and nr < len(other_mbs):
-                    found.append((input_of(other_job, other_mbs[nr], device), 2 if other == unit else 3, other,
-                                  Kind.R, other_mbs[nr]))
-                    break
+        if held[unit] < ahead and r < len(mine):
+            found.append((input_of(job, mine[r], device), 2, unit, Kind.R, mine[r]))
+        for other in taken[device][1:]:  # the next job: R into slots of its own (no deadlock on shared ones)
+            other_job, other_mbs = units[other]
+            nr = progress[other][1]
+            if roles[other_job] == "backward" and nr < len(other_mbs) and held[other] < max(ahead - 1, next_ahead):
+                found.append((input_of(other_job, other_mbs[nr], device), 3, other, Kind.R, other_mbs[nr]))
         return found
+
+    # with next_ahead, jobs go k mod N, so a device knows its next job and recomputes it in its waits
+    queues = [list(range(d, len(units), num_devices)) for d in range(num_devices)] if next_ahead else None
+
+    def upcoming(device):
+        if queues is not None:
+            return queues[device][0] if queues[device] else None
+        return dealt if dealt < len(units) else None
 
     def take(device) -> bool:
         nonlocal dealt
-        if dealt >= len(units):
+        unit = upcoming(device)
+        if unit is None:
             return False
-        if taken[device] and units[dealt][0] == units[taken[device][0]][0]:
+        if taken[device] and units[unit][0] == units[taken[device][0]][0]:
             return False  # two rounds of one stage never share a device's weights
-        taken[device].append(dealt)
+        taken[device].append(unit)
+        if queues is not None:
+            queues[device].pop(0)
         dealt += 1
         return True
 
@@ -132,8 +145,11 @@ def list_dispatch(groups: PoolGroups, times: JobTimes, num_devices: int, num_mic
             continue
         found = candidates(device)
         startable = [c for c in found if c[0] is not None and c[0] <= now + 1e-12]
-        if not startable and ahead > 1 and len(taken[device]) == 1 and roles[units[taken[device][0]][0]] \
-                == "backward" and progress[taken[device][0]][1] == len(units[taken[device][0]][1]) and take(device):
+        current = units[taken[device][0]]
+        early = next_ahead > 0 and roles[current[0]] == "backward" or ahead > 1 and roles[current[0]] == "backward" \
+            and progress[taken[device][0]][1] == len(current[1])
+        if not startable and early and len(taken[device]) == 1 and upcoming(device) is not None \
+                and roles[units[upcoming(device)][0]] == "backward" and take(device):
             found = candidates(device)  # recompute ahead into the next unit while this one waits
             startable = [c for c in found if c[0] is not None and c[0] <= now + 1e-12]
         if not startable:
@@ -151,17 +167,17 @@ def list_dispatch(groups: PoolGroups, times: JobTimes, num_devices: int, num_mic
             duration = times.forward[job]
         elif kind is Kind.R:
             state[1] += 1
-            held[device] += 1
+            held[unit] += 1
             duration = times.recompute[job]
         elif kind is Kind.W:
             state[3] += 1
             if roles[job] == "backward":
-                held[device] -= 1
+                held[unit] -= 1
             duration = times.weight[job]
         else:
             state[2] += 1
             if roles[job] == "backward" and not split:
-                held[device] -= 1
+                held[unit] -= 1
             duration = times.backward[job] - (times.weight[job] if split else 0.0)
         end = now + duration
         rows[device].append(Action(job, kind, m))

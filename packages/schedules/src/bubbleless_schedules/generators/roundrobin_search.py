@@ -1,9 +1,11 @@
 """``roundrobin`` with per-layer costs: the cut and the dispatch chosen together by the simulator.
 
 Every candidate cut (``roundrobin_cut.candidate_cuts``, or the one cut the options pin) is dispatched by
-the list scheduler (``roundrobin_dispatch``) with recompute running at most 1 or 2 micro-batches ahead,
-weight transfers inserted, and simulated under the per-job costs the layer costs sum to; the fastest
-schedule within ``memory_limit`` wins (the first on a tie, so the result is deterministic).
+the list scheduler (``roundrobin_dispatch``) with recompute running at most 1 micro-batch ahead; the
+``FINALISTS`` best cuts also with 2 ahead and with the device's next job recomputing in the current
+job's waits (``next_ahead``). The list scheduler's own makespans rank them; the best ``FINALISTS``,
+weight transfers inserted, are simulated under the per-job costs the layer costs sum to, and the
+fastest within ``memory_limit`` wins (the first on a tie, so the result is deterministic).
 """
 
 from __future__ import annotations
@@ -21,13 +23,14 @@ AHEADS = (1, 2)
 
 
 def dispatched(groups: PoolGroups, layer_costs: Costs, *, num_devices: int, num_microbatches: int, ahead: int,
-               weight_transfers: bool = True, split_backward: bool = False) -> tuple[Schedule, Costs, float]:
+               weight_transfers: bool = True, split_backward: bool = False,
+               next_ahead: int = 0) -> tuple[Schedule, Costs, float]:
     """One cut's schedule from the list scheduler, its per-job costs and the scheduler's makespan."""
     costs = job_costs(layer_costs, groups)
     backward = tuple(i + w for i, w in zip(costs.backward_input, costs.backward_weight, strict=True))
     times = JobTimes(costs.forward, costs.recompute, backward, costs.comm,
                      weight=costs.backward_weight if split_backward else None)
-    rows, makespan = list_dispatch(groups, times, num_devices, num_microbatches, ahead)
+    rows, makespan = list_dispatch(groups, times, num_devices, num_microbatches, ahead, next_ahead=next_ahead)
     schedule = Schedule(rows, num_stages=groups.num_stages, num_microbatches=num_microbatches, stage_to_rank=None,
                         name="roundrobin", layout="roundrobin", meta=groups.meta())
     return (add_weight_transfers(schedule) if weight_transfers else schedule), costs, makespan
@@ -37,23 +40,25 @@ def search(layer_costs: Costs, *, num_devices: int, num_microbatches: int, memor
            pinned: PoolGroups | None = None, ahead: int | None = None, weight_transfers: bool = True,
            split_backward: bool = False) -> Schedule:
     """The fastest (cut, look-ahead) within ``memory_limit`` (see the module docstring): every cut with
-    the first look-ahead, the ``FINALISTS`` best cuts with the others too, ranked by the list
+    the first look-ahead, the ``FINALISTS`` best cuts also with the others and with the next job's
+recompute filling the current job's waits (``next_ahead``), ranked by the list
     scheduler's own makespan; the best ``FINALISTS`` of all are judged by the simulator, with transfers."""
     cuts = [pinned] if pinned is not None else candidate_cuts(layer_costs)
     aheads = AHEADS if ahead is None else (ahead,)
     ranked, smallest_peak = [], None
 
-    def consider(order: int, look: int) -> None:
+    def consider(order: int, look: int, next_ahead: int = 0) -> None:
         nonlocal smallest_peak
         schedule, costs, makespan = dispatched(cuts[order], layer_costs, num_devices=num_devices,
                                                num_microbatches=num_microbatches, ahead=look,
-                                               weight_transfers=False, split_backward=split_backward)
+                                               weight_transfers=False, split_backward=split_backward,
+                                               next_ahead=next_ahead)
         if memory_limit is not None:
             peak = max(peak_memory(schedule))
             smallest_peak = peak if smallest_peak is None else min(smallest_peak, peak)
             if peak > memory_limit + 1e-9:
                 return
-        ranked.append((makespan, order, look, schedule, costs))
+        ranked.append((makespan, order, (look, next_ahead), schedule, costs))
 
     for order in range(len(cuts)):
         consider(order, aheads[0])
@@ -61,6 +66,8 @@ def search(layer_costs: Costs, *, num_devices: int, num_microbatches: int, memor
     for order in dict.fromkeys(r[1] for r in ranked[:FINALISTS]):
         for look in aheads[1:]:
             consider(order, look)
+        for look in aheads:  # and recompute the next job's micro-batches in the current job's waits
+            consider(order, look, num_microbatches)
     if not ranked:
         raise ValueError(
             f"no round-robin cut of the {len(layer_costs.forward)} layers fits memory_limit={memory_limit:g} M_B "
