@@ -18,6 +18,7 @@ the ranks' spans. See ``vshape_greedy`` for why the cap can never deadlock.
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import lru_cache
 from itertools import accumulate, islice
 
 from ..action import Action, Kind
@@ -245,10 +246,14 @@ def _peak_chunks(tokens: list[str]) -> int:
     return max(accumulate(map(_CHUNKS_HELD.__getitem__, tokens), initial=0))
 
 
+@lru_cache(maxsize=32)
 def search_v_schedule(
     p: int, m: int, costs: Costs, cap_chunks: float, input_grad_frees: float = 0.0
 ) -> GreedyResult:
-    """The fastest order found within ``cap_chunks`` chunk activations per rank."""
+    """The fastest order found within ``cap_chunks`` chunk activations per rank.
+
+    Cached: under a memory limit at or below V-Min's cap, zbv, v-half and v-min search the same cap
+    (``auto`` asks all three), and the registry's median re-run for per-stage costs repeats a shape."""
     costs.check_stages(2 * p)
     best: GreedyResult | None = None
     spent, per_try = 0, 6 * p * m
