@@ -158,6 +158,7 @@ def _candidates(p: int, m: int, cap_chunks: float):
     if not tight:
         yield from _block_candidate(p, m, cap_chunks)
     yield from pcm
+    yield from _pcm_candidates(p, m, cap_chunks, labelled=True)
 
 
 _PCM_POLICIES = (
@@ -183,9 +184,11 @@ def _stable_candidates(p: int, m: int, cap_chunks: float):
         yield tokens, _FIXED_ORDER
 
 
-def _pcm_candidates(p: int, m: int, cap_chunks: float):
+def _pcm_candidates(p: int, m: int, cap_chunks: float, labelled: bool = False):
     """The controllable-memory paper's building-block search (``vshape_blocks.pcm_blocks``): the
-    shortest blocks whose repeated order fits ``cap_chunks``, each run under ``_PCM_POLICIES``."""
+    shortest blocks whose repeated order fits ``cap_chunks``, each run under ``_PCM_POLICIES``; with
+    ``labelled``, only each block with its W's naming their chunk, reordered within 3 and 8 actions
+    (tried last, so the search budget of large shapes is spent on the rest first)."""
     tried, last_length = 0, None
     for block in pcm_blocks(p):
         length = max(block.values()) + 1
@@ -196,10 +199,14 @@ def _pcm_candidates(p: int, m: int, cap_chunks: float):
             continue
         tokens = _tokens_of_block(p, m, block)
         own = max(2, max(_peak_chunks(row) for row in tokens))
-        for policy in _PCM_POLICIES:
+        for policy in () if labelled else _PCM_POLICIES:
             yield tokens, policy
             if policy.lookahead > 1 and own < cap_chunks - 1e-9:
                 yield tokens, replace(policy, lookahead_cap=own)
+        if labelled:  # the block's own W's, reordered as the paper's search does
+            tokens = _tokens_of_block(p, m, block, labelled=True)
+            for policy in _PCM_POLICIES[:2]:
+                yield tokens, replace(policy, lookahead_cap=min(cap_chunks, own))
         tried, last_length = tried + 1, length
 
 
@@ -228,17 +235,20 @@ def block_tokens(p: int, m: int, delay: int) -> list[list[str]]:
     return _tokens_of_block(p, m, v_block(p, delay))
 
 
-def _tokens_of_block(p: int, m: int, block: dict) -> list[list[str]]:
+def _tokens_of_block(p: int, m: int, block: dict, labelled: bool = False) -> list[list[str]]:
+    """Each rank's order of the repeated block as script tokens; ``labelled``: a W names its chunk
+    (``W0``/``W1``) as the block places it, instead of running the oldest pending W."""
     by_slot: list[dict[int, str]] = [{} for _ in range(p)]
     for (kind, stage), slot in block.items():
-        token = "W" if kind is Kind.W else f"{kind.value}{0 if stage < p else 1}"
+        chunk = 0 if stage < p else 1
+        token = (f"W{chunk}" if labelled else "W") if kind is Kind.W else f"{kind.value}{chunk}"
         row = by_slot[stage if stage < p else 2 * p - 1 - stage]
         for k in range(m):
             row[slot + 6 * k] = token
     return [[row[slot] for slot in sorted(row)] for row in by_slot]
 
 
-_CHUNKS_HELD = {"F0": 1, "F1": 1, "I0": 0, "I1": 0, "W": -1}
+_CHUNKS_HELD = {"F0": 1, "F1": 1, "I0": 0, "I1": 0, "W": -1, "W0": -1, "W1": -1}
 """What each script token adds to a rank's chunk activations (I frees nothing: an upper bound)."""
 
 

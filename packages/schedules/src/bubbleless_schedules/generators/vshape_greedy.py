@@ -86,7 +86,8 @@ def v_list_schedule(
     activations (one chunk = 1/2 M_B) per rank. Raises ValueError if the cap is below 2 chunks.
 
     ``scripts`` (optional, one per rank) fix the start of each rank's order as tokens ``F0``, ``F1``,
-    ``I0``, ``I1``, ``W`` (next micro-batch of that kind and chunk; ``W`` the oldest pending); a rank
+    ``I0``, ``I1``, ``W`` (next micro-batch of that kind and chunk; ``W`` the oldest pending, ``W0`` /
+    ``W1`` the oldest pending of that chunk, as a building block names it); a rank
     waits for its next token (running a pending W meanwhile, if it has one), and follows ``policy``
     once its script is done. A script must respect
     the memory cap itself. Returns None if the scripts lead to a deadlock."""
@@ -108,6 +109,7 @@ def v_list_schedule(
     peak = [0.0] * p
     admitted_not_up = [0] * p  # micro-batches past the first chunk's F, not yet past the second's
     pending_w: list[deque] = [deque() for _ in range(p)]
+    pending_of = [[0, 0] for _ in range(p)]  # pending W's per chunk (0: first, 1: second), for W0 / W1
     free_at = [0.0] * p
     first_start = [-1.0] * p
     out: list[list[Action]] = [[] for _ in range(p)]
@@ -177,10 +179,14 @@ def v_list_schedule(
                 cand["F0"] = f_done[s0 - 1][k] + comm_down[s0]
         if pending_w[r]:
             cand["W"] = now
+            if pending_of[r][0]:
+                cand["W0"] = now
+            if pending_of[r][1]:
+                cand["W1"] = now
         horizon = now + eps
         ready = {key for key, t in cand.items() if t <= horizon}  # membership is all it is asked
         if script:
-            if script[0] == "W" and not pending_w[r]:
+            if script[0][0] == "W" and script[0] not in cand:
                 script.popleft()  # its W was already run to fill a gap
                 push(events, (now, r))
                 continue
@@ -227,6 +233,16 @@ def v_list_schedule(
             continue
         if choice == "W":
             s, k = pending_w[r].popleft()
+            pending_of[r][s != s0] -= 1
+            end = now + w_cost[s]
+            held[r] -= 1 - g
+            out[r].append(Action(s, kind_w, k))
+        elif choice in ("W0", "W1"):
+            s = s0 if choice == "W0" else s1
+            oldest = next(item for item in pending_w[r] if item[0] == s)
+            pending_w[r].remove(oldest)
+            pending_of[r][s != s0] -= 1
+            k = oldest[1]
             end = now + w_cost[s]
             held[r] -= 1 - g
             out[r].append(Action(s, kind_w, k))
@@ -238,6 +254,7 @@ def v_list_schedule(
             g_done[s][k] = end
             held[r] -= g
             pending_w[r].append((s, k))
+            pending_of[r][s != s0] += 1
             out[r].append(Action(s, kind_i, k))
             if s > 0:
                 push(events, (end + comm_down[s], rank_of[s - 1]))
