@@ -30,6 +30,7 @@ from ..simulate import simulate
 from .local_search import adjacent_swaps, independent, schedule_evaluator, schedule_fits
 from .vshape_blocks import pcm_blocks, stable_block, v_block
 from .vshape_greedy import GreedyResult, Policy, v_list_schedule
+from .vshape_stable import STABLE_UP_TO, stable_greedy_orders
 
 _POLICIES = (
     Policy(order=("I", "F1", "F0", "W")),
@@ -279,6 +280,11 @@ def search_v_schedule(
         formatted = _fixed_result(p, m, [zbv_formatted(r, p, m) for r in range(p)], costs, input_grad_frees)
         if formatted.peak_chunks <= cap_chunks + 1e-9 and _better(formatted, best):
             best = formatted
+    if cap_chunks < 2 * p - 1e-9 and 6 * p * m <= STABLE_UP_TO:
+        for kind in ("v-half", "v-min"):  # the published greedy over the stable patterns, as it orders them
+            greedy = _fixed_result(p, m, stable_greedy_orders(p, m, kind), costs, input_grad_frees)
+            if greedy.peak_chunks <= cap_chunks + 1e-9 and _better(greedy, best):
+                best = greedy
     if 6 * p * m <= _LOCAL_SEARCH_UP_TO:
         best = _polish(p, m, costs, cap_chunks, input_grad_frees, best)
     return best
