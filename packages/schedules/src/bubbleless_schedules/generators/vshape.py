@@ -45,8 +45,8 @@ _POLICIES = (
 _FIXED_ORDER = Policy(fill_w=False)
 _SEARCH_BUDGET = 100_000
 """Actions the search may schedule in all (one try at p=32, m=256 schedules 49k in about 0.15 s), so
-large shapes try only the first candidates; shapes of up to 6,000 actions get twice as much (0.6 s at
-most), which lets every PCM block as short as the twelfth fitting one be tried."""
+large shapes try only the first candidates; shapes of up to 6,200 actions (p=32 m=32, p=16 m=64) get
+twice as much (0.6 s at most), which lets every PCM block as short as the twelfth fitting one be tried."""
 
 
 def zbv_script(rank: int, num_ranks: int, num_microbatches: int, deferred_w: int = 0) -> list[str]:
@@ -273,7 +273,7 @@ def search_v_schedule(
         spent += per_try
         if result is not None and result.peak_chunks <= cap_chunks + 1e-9 and _better(result, best):
             best = result
-        if best is not None and spent + per_try > (_SEARCH_BUDGET if per_try > 6_000 else 2 * _SEARCH_BUDGET):
+        if best is not None and spent + per_try > (_SEARCH_BUDGET if per_try > 6_200 else 2 * _SEARCH_BUDGET):
             break  # before the next candidate is built: scripts for large shapes take time to write
     assert best is not None, "the unscripted list scheduler always finishes"
     if cap_chunks >= 2 * p - 1e-9 and 6 * p * m <= _FIXED_ORDERS_UP_TO:
