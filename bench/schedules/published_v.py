@@ -19,7 +19,8 @@ run a later pass of the order early when the next one is not ready, without rais
 peak memory (nor the limit); extra micro-batches are dropped. Blocks are kept per peak memory and
 ranked by their length in slots; the 12 shortest that fit ``min(2p, 2 x limit)`` chunk activations are
 timed (upstream times every block, 0.2-15 s; the ranking prunes that to well under a second).
-Reproduces the closed form b(M) at unit costs (p=4, m=8, M=6 chunks: 26.5; see ``__main__``).
+At unit costs it does not reach the page's closed form b(M) for p=4, m=8, M=6 chunks (26.5): it gives
+27.5, as ours does (``__main__`` prints both; the gap is rank 0's warm-up and cool-down idle).
 
 **Greedy** (sail-sg ``zbv_greedy``, as described): the stable slot patterns (V-Min: F at i, f at
 2p-i-1, B at 2p+d+i, b at 4p+d-i-1, d = 2 if p%3==0 else 0; V-Half: F at 2i, f at 3p-i-2, B at
