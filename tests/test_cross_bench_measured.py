@@ -68,11 +68,11 @@ def test_cross_bench_measured_our_pipeline_torch_1f1b_and_ddp_train_the_same_pro
     text = md.read_text()
     assert "| bubbleless-1f1b | yes |" in text and "MEASURED" in text and "commit" in text
     if "no plot" not in text:  # matplotlib installed: the PNG the record links is there
-        assert "![measured test](measured_test.png)" in text and (tmp_path / "measured_test.png").stat().st_size > 0
+        assert "![measured test](measured.png)" in text and (tmp_path / "measured.png").stat().st_size > 0
     data = json.loads(js.read_text())
     assert data["meta"]["scenario"]["name"] == "test" and data["systems"]["ddp"]["loss_equal"] is True
     again, _ = rerender(js, tmp_path / "again.md", calibration=False)  # --render: same record, nothing rerun
-    rendered = again.read_text().replace("again.json", "measured.json")  # the raw figures' file is named
+    rendered = again.read_text().replace("again.", "measured.")  # the raw figures' and plot's files are named
     assert rendered.split("## Full configuration")[0] == text.split("## Full configuration")[0]
 
 

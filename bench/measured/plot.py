@@ -1,4 +1,4 @@
-"""measured_<scenario>.png: measured tokens/s and longest sequence per system, one bar each (ours coloured
+"""The PNG beside a measured record (measured.md -> measured.png): measured tokens/s and longest sequence per system, one bar each (ours coloured
 apart from the baselines)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def write_plot(systems: dict, folder: Path, scenario_name: str, ours) -> list[str]:
+def write_plot(systems: dict, path: Path, scenario_name: str, ours) -> list[str]:
     try:
         import matplotlib
     except ImportError:
@@ -25,7 +25,7 @@ def write_plot(systems: dict, folder: Path, scenario_name: str, ours) -> list[st
     for ax in axes:
         ax.tick_params(axis="x", labelrotation=30, labelsize=7)
     fig.tight_layout()
-    name = f"measured_{scenario_name}.png"
-    fig.savefig(folder / name, dpi=100)
+    fig.suptitle(f"scenario {scenario_name}", fontsize=9)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
-    return [f"![measured {scenario_name}]({name})", ""]
+    return [f"![measured {scenario_name}]({path.name})", ""]

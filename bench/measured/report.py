@@ -189,7 +189,7 @@ def write(scenario: Scenario, systems: dict, longest: dict, out: Path, *, calibr
             f"{'; '.join(notes)} |")
     from .plot import write_plot
 
-    lines += ["", *write_plot(systems, out.parent, scenario.name, OURS)]
+    lines += ["", *write_plot(systems, out.with_suffix(".png"), scenario.name, OURS)]
     lines += ["## Goals (issue 10, section 6), on this run's numbers", "", *goals(scenario, systems, equal), ""]
     if calibration:
         lines += calibration
