@@ -17,9 +17,9 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from bubbleless_partition import RTX_4090, TransformerShape, analytic_profile, cut  # noqa: E402
+from bubbleless_runtime._testing import relative_error, tiny_hf_fields  # noqa: E402
 from bubbleless_runtime.pool import RoundRobinPipeline  # noqa: E402
 from bubbleless_runtime.pool_plan import generate_pool, groups_from_partition, job_costs  # noqa: E402
-from bubbleless_runtime.testing import relative_error, tiny_hf_fields  # noqa: E402
 from bubbleless_schedules import simulate  # noqa: E402
 
 FIELDS = tiny_hf_fields(vocab_size=4096, num_hidden_layers=6, tie_word_embeddings=False)

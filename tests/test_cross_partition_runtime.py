@@ -18,10 +18,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from bubbleless_partition import RTX_4090, TransformerShape, analytic_profile, cut  # noqa: E402
 from bubbleless_runtime import spawn  # noqa: E402
+from bubbleless_runtime._testing import tiny_hf_fields  # noqa: E402
+from bubbleless_runtime._testing.cross import cut_causal_lm_against_unpipelined  # noqa: E402
 from bubbleless_runtime.auto_partition import stage_costs  # noqa: E402
 from bubbleless_runtime.stages import stage_sizes  # noqa: E402
-from bubbleless_runtime.testing import tiny_hf_fields  # noqa: E402
-from bubbleless_runtime.testing_cross import cut_causal_lm_against_unpipelined  # noqa: E402
 from bubbleless_schedules import generate, simulate  # noqa: E402
 
 FIELDS = tiny_hf_fields(vocab_size=8192, num_hidden_layers=4, tie_word_embeddings=False)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from bubbleless_runtime import spawn
-from bubbleless_runtime.testing_cross import csv_schedule_against_unpipelined
+from bubbleless_runtime._testing.cross import csv_schedule_against_unpipelined
 from bubbleless_schedules import Schedule, generate, simulate, validate
 
 TOLERANCE = 1e-5

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from bubbleless_runtime import Pipeline, spawn
-from bubbleless_runtime.testing import stages_on_one_rank, tiny_batch, tiny_loss, tiny_model
-from bubbleless_runtime.testing_ranks import bad_input_then_good_step
+from bubbleless_runtime._testing import stages_on_one_rank, tiny_batch, tiny_loss, tiny_model
+from bubbleless_runtime._testing.ranks import bad_input_then_good_step
 from bubbleless_schedules import generate
 
 OK = dict(schedule="1f1b", num_microbatches=2, loss_fn=tiny_loss)

@@ -15,9 +15,9 @@ import torch
 
 from bubbleless_runtime import checkpoint_files as files
 from bubbleless_runtime import cli
+from bubbleless_runtime._testing import SequentialPipeline, tiny_batch, tiny_loss, tiny_model
 from bubbleless_runtime.checkpoint import load, manifest_of
 from bubbleless_runtime.checkpoint_state import join, read, split
-from bubbleless_runtime.testing import SequentialPipeline, tiny_batch, tiny_loss, tiny_model
 from bubbleless_runtime.trainer import ScaledLoss, Trainer
 
 
@@ -163,7 +163,7 @@ def test_rt_cli_refuses_an_incomplete_resume_before_starting_naming_the_newest_c
 
 SAVER = """
     import sys, torch
-    from bubbleless_runtime.testing import SequentialPipeline, tiny_batch, tiny_loss, tiny_model
+    from bubbleless_runtime._testing import SequentialPipeline, tiny_batch, tiny_loss, tiny_model
     from bubbleless_runtime.trainer import ScaledLoss, Trainer
     model = tiny_model(3, width=256)  # big enough that a write takes a while
     loss = ScaledLoss(tiny_loss)

@@ -173,7 +173,7 @@ def test_config_names_match_the_tables_that_give_them_meaning():
 @pytest.mark.slow
 def test_a_hand_edited_csv_schedule_trains_through_the_cli(tmp_path):
     """``pipeline.schedule: PATH``: a 1F1B schedule saved as CSV, one W moved later by hand, trains."""
-    from bubbleless_runtime import testing
+    from bubbleless_runtime import _testing as testing
     from bubbleless_schedules import generate
 
     schedule = generate("zb-h1", num_ranks=2, num_microbatches=4)

@@ -9,8 +9,8 @@ import sys
 import pytest
 import torch
 
+from bubbleless_runtime import _testing as testing
 from bubbleless_runtime import config as cfg
-from bubbleless_runtime import testing
 from bubbleless_runtime.cli import main
 from bubbleless_runtime.loss_scaling import ScaledLoss
 from bubbleless_runtime.pool import RoundRobinPipeline

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from bubbleless_runtime import testing
+from bubbleless_runtime import _testing as testing
 from bubbleless_runtime.config import load_config
 from bubbleless_runtime.report import RunResult, report
 

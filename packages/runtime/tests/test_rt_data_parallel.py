@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bubbleless_runtime import spawn
-from bubbleless_runtime.testing_ranks import data_parallel_2x2
+from bubbleless_runtime._testing.ranks import data_parallel_2x2
 
 
 @pytest.mark.slow

@@ -133,7 +133,7 @@ def _forward_only_rank(rank, port, out, schedule):
 def test_forward_only_evaluation_on_two_ranks_gives_the_training_loss(tmp_path, schedule):
     import torch.multiprocessing as mp
 
-    from bubbleless_runtime.testing import free_port
+    from bubbleless_runtime._testing import free_port
 
     mp.start_processes(_forward_only_rank, args=(free_port(), str(tmp_path), schedule), nprocs=2, start_method="fork")
     results = [torch.load(tmp_path / f"{r}.pt") for r in range(2)]

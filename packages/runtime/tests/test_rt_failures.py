@@ -7,7 +7,7 @@ import json
 import pytest
 
 from bubbleless_runtime import spawn
-from bubbleless_runtime.testing_ranks import disagree_on_schedule, survive_a_dead_rank
+from bubbleless_runtime._testing.ranks import disagree_on_schedule, survive_a_dead_rank
 
 TIMEOUT = 4.0
 
@@ -34,7 +34,7 @@ def test_rt_mismatched_schedule_raises_value_error_on_every_rank():
 def test_rt_gloo_transfers_use_one_group_per_direction():
     """Opposite transfers between two ranks must not share a gloo pair (simultaneous sends over one pair
     stall for milliseconds), and both ends of every transfer must pick the same group."""
-    from bubbleless_runtime.testing_ranks import transfer_groups
+    from bubbleless_runtime._testing.ranks import transfer_groups
 
     per_rank = spawn(transfer_groups, 3, threads_per_process=1, timeout=120)
     for rank, groups in enumerate(per_rank):
@@ -54,7 +54,7 @@ def test_rt_a_pipeline_is_freed_without_the_cycle_collector():
     import weakref
 
     from bubbleless_runtime import Pipeline
-    from bubbleless_runtime.testing import tiny_batch, tiny_loss, tiny_model
+    from bubbleless_runtime._testing import tiny_batch, tiny_loss, tiny_model
 
     gc.disable()
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bubbleless_runtime import spawn
-from bubbleless_runtime.testing_ranks import check_against_unpipelined
+from bubbleless_runtime._testing.ranks import check_against_unpipelined
 
 TOLERANCE = 1e-5
 

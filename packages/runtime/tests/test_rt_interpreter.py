@@ -16,9 +16,7 @@ import pytest
 
 from bubbleless_runtime import Pipeline
 from bubbleless_runtime import interpreter as interpreter_module
-from bubbleless_runtime.executor import INTERPRETER, Executor, execution_order
-from bubbleless_runtime.interpreter import Interpreter
-from bubbleless_runtime.testing import (
+from bubbleless_runtime._testing import (
     reference_grads,
     relative_error,
     stages_on_one_rank,
@@ -27,6 +25,8 @@ from bubbleless_runtime.testing import (
     tiny_model,
     v_gpipe,
 )
+from bubbleless_runtime.executor import INTERPRETER, Executor, execution_order
+from bubbleless_runtime.interpreter import Interpreter
 from bubbleless_schedules import Action, Kind, Schedule, add_communication, generate
 from bubbleless_schedules.action import COMM_KINDS
 

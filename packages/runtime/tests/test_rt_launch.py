@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bubbleless_runtime import spawn
-from bubbleless_runtime.testing_ranks import fail_on_rank
+from bubbleless_runtime._testing.ranks import fail_on_rank
 
 
 @pytest.mark.slow

@@ -8,9 +8,9 @@ import torch
 pytest.importorskip("peft")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from bubbleless_runtime._testing import free_port, tiny_hf_fields  # noqa: E402
 from bubbleless_runtime.lora import apply_lora, save_lora_adapter  # noqa: E402
 from bubbleless_runtime.models import build_causal_lm, pipeline_model  # noqa: E402
-from bubbleless_runtime.testing import free_port, tiny_hf_fields  # noqa: E402
 
 TINY = tiny_hf_fields(vocab_size=128)
 

@@ -94,7 +94,7 @@ def test_tensorboard_gets_the_same_scalars_and_resume_purges(tmp_path):
 
 @pytest.mark.slow
 def test_train_writes_a_line_per_step_and_a_resume_does_not_repeat_steps(tmp_path):
-    from bubbleless_runtime import testing
+    from bubbleless_runtime import _testing as testing
 
     config = tmp_path / "run.yaml"
     config.write_text(

@@ -8,8 +8,8 @@ import torch
 pytest.importorskip("transformers")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from bubbleless_runtime._testing import tiny_hf_fields  # noqa: E402
 from bubbleless_runtime.models import build_causal_lm, pipeline_model  # noqa: E402
-from bubbleless_runtime.testing import tiny_hf_fields  # noqa: E402
 
 TINY = tiny_hf_fields(vocab_size=128, num_hidden_layers=3)
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, router_aux_loss_coef=0.02)

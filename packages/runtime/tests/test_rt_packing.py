@@ -135,7 +135,7 @@ def _rank(rank, schedule, packing, port, out):
 def test_four_ranks_match_hugging_face(tmp_path, schedule, packing):
     import torch.multiprocessing as mp
 
-    from bubbleless_runtime.testing import free_port
+    from bubbleless_runtime._testing import free_port
 
     # fork: test modules are imported by path (importlib mode), so spawn could not pickle the worker.
     mp.start_processes(_rank, args=(schedule, packing, free_port(), str(tmp_path)), nprocs=4, start_method="fork")

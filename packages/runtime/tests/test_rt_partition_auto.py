@@ -10,9 +10,9 @@ import torch
 
 from bubbleless_runtime import Pipeline, spawn
 from bubbleless_runtime import config as cfg
+from bubbleless_runtime._testing import heavy_batch, heavy_model, run_cli, stages_on_one_rank, sum_mse
+from bubbleless_runtime._testing.ranks import auto_against_unpipelined
 from bubbleless_runtime.auto_partition import method_for, predicted_effect
-from bubbleless_runtime.testing import heavy_batch, heavy_model, run_cli, stages_on_one_rank, sum_mse
-from bubbleless_runtime.testing_ranks import auto_against_unpipelined
 from bubbleless_schedules import generate, simulate
 
 TOLERANCE = 1e-5
@@ -147,7 +147,7 @@ def test_rt_cli_partition_auto_reports_the_predicted_effect(tmp_path):
 
 
 def test_rt_data_parallel_replicas_take_replica_0s_profile():
-    from bubbleless_runtime.testing_ranks import auto_with_data_parallel
+    from bubbleless_runtime._testing.ranks import auto_with_data_parallel
 
     per_rank = spawn(auto_with_data_parallel, 4, threads_per_process=1, timeout=180)
     for rank, result in enumerate(per_rank):
@@ -157,7 +157,7 @@ def test_rt_data_parallel_replicas_take_replica_0s_profile():
 
 
 def test_rt_layers_that_pass_tuples_are_profiled_and_train_the_same():
-    from bubbleless_runtime.testing import reference_grads, relative_error, tiny_batch, tiny_loss, tiny_model
+    from bubbleless_runtime._testing import reference_grads, relative_error, tiny_batch, tiny_loss, tiny_model
 
     schedule = stages_on_one_rank(2)
     inputs, targets = tiny_batch(4)

@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from bubbleless_offload import DeviceOutOfMemory
+from bubbleless_runtime._testing import reference_grads, relative_error, tiny_batch, tiny_loss, tiny_model
 from bubbleless_runtime.pool import RoundRobinPipeline
-from bubbleless_runtime.testing import reference_grads, relative_error, tiny_batch, tiny_loss, tiny_model
 from bubbleless_schedules import Schedule, generate
 from bubbleless_schedules.roundrobin_layout import PoolGroups
 

@@ -11,10 +11,10 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from bubbleless_runtime._testing import relative_error, tiny_hf_fields  # noqa: E402
 from bubbleless_runtime.lora import apply_lora  # noqa: E402
 from bubbleless_runtime.models import build_causal_lm, pipeline_model  # noqa: E402
 from bubbleless_runtime.pool import RoundRobinPipeline  # noqa: E402
-from bubbleless_runtime.testing import relative_error, tiny_hf_fields  # noqa: E402
 from bubbleless_schedules.roundrobin_layout import PoolGroups  # noqa: E402
 
 TINY = tiny_hf_fields(vocab_size=64, num_hidden_layers=4)

@@ -49,7 +49,7 @@ def test_pipelined_full_fine_tuning_saves_what_trained(tmp_path):
     import torch.multiprocessing as mp
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from bubbleless_runtime.testing import free_port
+    from bubbleless_runtime._testing import free_port
 
     tiny_tokenizer().save_pretrained(tmp_path / "tok")
     out = tmp_path / "model"

@@ -14,8 +14,8 @@ import uuid
 import pytest
 
 from bubbleless_runtime import PipelineCommError, spawn
+from bubbleless_runtime._testing.faults import first_step_waits, raise_mid_step, start_a_grandchild_then_fail
 from bubbleless_runtime.launch import RankFailure
-from bubbleless_runtime.testing_faults import first_step_waits, raise_mid_step, start_a_grandchild_then_fail
 
 
 def marked_processes(marker: str) -> list[int]:
@@ -59,7 +59,7 @@ def test_rt_a_stalled_rank_ends_spawn_naming_it_and_the_interpreter_exits():
     marker = uuid.uuid4().hex
     proc = python("""
         from bubbleless_runtime import spawn
-        from bubbleless_runtime.testing_faults import stall_after_one_step
+        from bubbleless_runtime._testing.faults import stall_after_one_step
         try:
             spawn(stall_after_one_step, 3, 1, 3.0, threads_per_process=1, grace=2.0)
         except Exception as exc:
@@ -111,7 +111,7 @@ def _alive(pid: int) -> bool:
 LAUNCHER = """
     import sys
     from bubbleless_runtime import spawn
-    from bubbleless_runtime.testing_faults import sleep_forever
+    from bubbleless_runtime._testing.faults import sleep_forever
     try:
         spawn(sleep_forever, 2, sys.argv[1], threads_per_process=1, stop_grace=5.0)
     except BaseException as exc:
@@ -217,7 +217,7 @@ def test_rt_bubbleless_train_with_a_stopped_rank_ends_non_zero_naming_it(tmp_pat
 def test_rt_the_process_group_timeout_can_be_shortened_after_the_first_step():
     """bubbleless train starts its group with first_step_timeout and shortens it to pipeline.timeout after
     the first step (torch's _set_pg_timeout): on gloo a blocking all-reduce must then give up in time."""
-    from bubbleless_runtime.testing_faults import collective_after_shortening_the_timeout
+    from bubbleless_runtime._testing.faults import collective_after_shortening_the_timeout
 
     results = spawn(collective_after_shortening_the_timeout, 2, 1.0, 4.0, threads_per_process=1, pg_timeout=60)
     assert results[0].startswith("failed: ") and "Timed out" in results[0], results

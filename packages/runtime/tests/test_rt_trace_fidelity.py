@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 
 from bubbleless_runtime import spawn
-from bubbleless_runtime.testing import tiny_batch, tiny_loss, tiny_model
-from bubbleless_runtime.testing_ranks import gathers_per_step
+from bubbleless_runtime._testing import tiny_batch, tiny_loss, tiny_model
+from bubbleless_runtime._testing.ranks import gathers_per_step
 from bubbleless_runtime.trace import calibrated_costs, transfer_latencies
 from bubbleless_schedules import Costs, Kind, generate, simulate
 from bubbleless_schedules.layouts import layout_of

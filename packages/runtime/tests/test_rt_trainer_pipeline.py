@@ -12,10 +12,10 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from bubbleless_runtime._testing import SequentialPipeline, free_port, tiny_hf_fields  # noqa: E402
 from bubbleless_runtime.config import OptimizerConfig  # noqa: E402
 from bubbleless_runtime.data import SyntheticTask  # noqa: E402
 from bubbleless_runtime.models import build_causal_lm, pipeline_model  # noqa: E402
-from bubbleless_runtime.testing import SequentialPipeline, free_port, tiny_hf_fields  # noqa: E402
 from bubbleless_runtime.trainer import ScaledLoss, Trainer, build_optimizer, seed_everything, warmup_cosine  # noqa: E402
 
 TINY = tiny_hf_fields(tie_word_embeddings=True)

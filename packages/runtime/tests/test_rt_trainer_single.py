@@ -14,17 +14,17 @@ from torch import nn
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from bubbleless_runtime.config import OptimizerConfig  # noqa: E402
-from bubbleless_runtime.data import SyntheticTask  # noqa: E402
-from bubbleless_runtime.models import build_causal_lm, pipeline_model  # noqa: E402
-from bubbleless_runtime.pipeline import Pipeline  # noqa: E402
-from bubbleless_runtime.testing import (  # noqa: E402
+from bubbleless_runtime._testing import (  # noqa: E402
     SequentialPipeline,
     stages_on_one_rank,
     tiny_hf_fields,
     tiny_loss,
     tiny_model,
 )
+from bubbleless_runtime.config import OptimizerConfig  # noqa: E402
+from bubbleless_runtime.data import SyntheticTask  # noqa: E402
+from bubbleless_runtime.models import build_causal_lm, pipeline_model  # noqa: E402
+from bubbleless_runtime.pipeline import Pipeline  # noqa: E402
 from bubbleless_runtime.trainer import (  # noqa: E402
     ScaledLoss,
     Trainer,

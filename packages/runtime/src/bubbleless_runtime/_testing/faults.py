@@ -11,11 +11,11 @@ import sys
 import torch
 import torch.distributed as dist
 
-from .testing import tiny_batch, tiny_loss, tiny_model
+from . import tiny_batch, tiny_loss, tiny_model
 
 
 def _pipe(timeout: float, loss_fn=tiny_loss, **options):
-    from .pipeline import Pipeline
+    from ..pipeline import Pipeline
 
     torch.set_num_threads(1)
     num_ranks = dist.get_world_size()

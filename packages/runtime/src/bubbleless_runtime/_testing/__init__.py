@@ -1,7 +1,9 @@
-"""What the runtime's tests and benchmarks build on: a tiny model that exercises every path, its
+"""Private: the project's own test helpers, not part of the API (they may change without notice).
+
+What the runtime's tests and benchmarks build on: a tiny model that exercises every path, its
 unpipelined reference, hand-written schedules (split backward, V placement, every stage on one rank),
 a tiny Hugging Face config, a one-process stand-in for ``Pipeline``, the CLI in a subprocess, and a model
-with one heavy layer for ``partition="auto"``. What runs inside spawned ranks is in ``testing_ranks``.
+with one heavy layer for ``partition="auto"``. What runs inside spawned ranks is in ``ranks``.
 
 The tiny model passes a tuple ``(hidden, aux, index)`` between layers: a float tensor, a float
 per-sample side sum (as MoE router statistics travel) and an integer tensor that carries no gradient.
@@ -114,7 +116,7 @@ class SequentialPipeline:
 
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 now (for tests that set up their own process group)."""
-    from .launch import _free_port
+    from ..launch import _free_port
 
     return _free_port()
 

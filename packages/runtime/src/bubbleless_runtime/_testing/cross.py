@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from bubbleless_schedules import generate
 
-from .testing import reference_grads, relative_error, tiny_batch, tiny_loss, tiny_model
+from . import reference_grads, relative_error, tiny_batch, tiny_loss, tiny_model
 
 
 def csv_schedule_against_unpipelined(rank: int, csv_text: str, steps: int = 2) -> dict:
@@ -17,7 +17,7 @@ def csv_schedule_against_unpipelined(rank: int, csv_text: str, steps: int = 2) -
     runs it; gradients and loss are compared with the unpipelined tiny model."""
     from bubbleless_schedules import Schedule, validate
 
-    from .pipeline import Pipeline
+    from ..pipeline import Pipeline
 
     torch.set_num_threads(1)
     schedule = validate(Schedule.from_csv(csv_text))
@@ -43,8 +43,8 @@ def cut_causal_lm_against_unpipelined(rank: int, fields: dict, schedule_name: st
                                       num_microbatches: int = 4) -> dict:
     """A tiny Qwen3 (``fields``) cut into ``sizes`` on this group's ranks: gradients against the same model
     run unpipelined, micro-batch by micro-batch."""
-    from .models import build_causal_lm, pipeline_model
-    from .pipeline import Pipeline
+    from ..models import build_causal_lm, pipeline_model
+    from ..pipeline import Pipeline
 
     torch.set_num_threads(1)
     num_ranks = dist.get_world_size()

@@ -1,6 +1,6 @@
 """What the runtime's tests run inside spawned ranks (importable, so ``spawn`` can pickle them by name).
 
-Each function takes the rank first, builds its models from ``testing``'s helpers, and returns what the
+Each function takes the rank first, builds its models from ``_testing``'s helpers, and returns what the
 test asserts on in the parent: errors measured against the unpipelined model, messages, counts.
 """
 
@@ -11,8 +11,8 @@ import torch.distributed as dist
 
 from bubbleless_schedules import generate
 
-from .stages import stage_sizes
-from .testing import (
+from ..stages import stage_sizes
+from . import (
     heavy_batch,
     heavy_model,
     reference_grads,
@@ -28,7 +28,7 @@ from .testing import (
 def check_against_unpipelined(rank: int, num_microbatches: int, steps: int = 2) -> dict:
     """In each rank: run every schedule for ``steps`` steps and compare loss and gradients with the
     unpipelined model. Returns {name: (max relative gradient error, loss error or None)} and skips."""
-    from .pipeline import Pipeline
+    from ..pipeline import Pipeline
 
     torch.set_num_threads(1)
     num_ranks = dist.get_world_size()
@@ -65,8 +65,8 @@ def survive_a_dead_rank(rank: int, victim: int, timeout: float, out_dir: str) ->
     import os
     import time
 
-    from .comm import PipelineCommError
-    from .pipeline import Pipeline
+    from ..comm import PipelineCommError
+    from ..pipeline import Pipeline
 
     torch.set_num_threads(1)
     num_ranks = dist.get_world_size()
@@ -91,7 +91,7 @@ def survive_a_dead_rank(rank: int, victim: int, timeout: float, out_dir: str) ->
 
 def disagree_on_schedule(rank: int) -> str:
     """Rank 1 passes another schedule than the others: every rank must raise ValueError, none hang."""
-    from .pipeline import Pipeline
+    from ..pipeline import Pipeline
 
     torch.set_num_threads(1)
     num_ranks = dist.get_world_size()
@@ -107,7 +107,7 @@ def disagree_on_schedule(rank: int) -> str:
 def bad_input_then_good_step(rank: int) -> list[str]:
     """Every bad argument raises ValueError locally on every rank; a good step still runs afterwards,
     which shows no rank had started communicating."""
-    from .pipeline import Pipeline
+    from ..pipeline import Pipeline
 
     torch.set_num_threads(1)
     num_ranks = dist.get_world_size()
@@ -138,7 +138,7 @@ def bad_input_then_good_step(rank: int) -> list[str]:
 def data_parallel_2x2(rank: int, names: list[str]) -> dict:
     """4 ranks: pipelines {0,1} and {2,3}, replicas {0,2} and {1,3}, each replica on its own data.
     Gradients must equal the mean over replicas of the unpipelined model's."""
-    from .pipeline import Pipeline
+    from ..pipeline import Pipeline
 
     torch.set_num_threads(1)
     pipelines = [dist.new_group([0, 1]), dist.new_group([2, 3])]
@@ -170,7 +170,7 @@ def data_parallel_2x2(rank: int, names: list[str]) -> dict:
 def gathers_per_step(rank: int, steps: int) -> dict:
     """All-gathers a traced pipeline makes: per step (after the first, which checks that the ranks agree),
     then on reading ``last_timeline`` twice. Steps must make none; the first read one, the second none."""
-    from .pipeline import Pipeline
+    from ..pipeline import Pipeline
 
     torch.set_num_threads(1)
     num_ranks = dist.get_world_size()
@@ -205,8 +205,8 @@ def gathers_per_step(rank: int, steps: int) -> dict:
 def transfer_groups(rank: int) -> dict:
     """Which group each direction of this rank's transfers travels on (by group name), from two pipelines
     over the default group; the second must reuse the first's twin group rather than create another."""
-    from .comm import Transfer
-    from .pipeline import Pipeline
+    from ..comm import Transfer
+    from ..pipeline import Pipeline
 
     torch.set_num_threads(1)
     pipes = [Pipeline(tiny_model(4), schedule="1f1b", num_microbatches=2, loss_fn=tiny_loss, timeout=60)
@@ -236,7 +236,7 @@ def fail_on_rank(rank: int, failing: int | None) -> int:
 def auto_against_unpipelined(rank: int, cases: list[tuple[str, int, int]], num_microbatches: int = 4) -> dict:
     """For each (schedule, layers, heavy layer): cut with ``partition="auto"``, step once, and compare
     loss and gradients with the unpipelined model. Returns what each rank saw, per schedule."""
-    from .pipeline import Pipeline
+    from ..pipeline import Pipeline
 
     torch.set_num_threads(1)
     num_ranks = dist.get_world_size()
@@ -265,7 +265,7 @@ def auto_against_unpipelined(rank: int, cases: list[tuple[str, int, int]], num_m
 def auto_with_data_parallel(rank: int, num_microbatches: int = 4) -> dict:
     """4 ranks: pipelines {0,1} and {2,3}, replicas {0,2} and {1,3}, each replica on its own data. Both
     pipelines must take replica 0's profile (same cut, same costs) and average the right gradients."""
-    from .pipeline import Pipeline
+    from ..pipeline import Pipeline
 
     torch.set_num_threads(1)
     pipelines = [dist.new_group([0, 1]), dist.new_group([2, 3])]
