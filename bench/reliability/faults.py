@@ -40,7 +40,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import pool_faults  # noqa: E402
-import procs  # noqa: E402
+
+from bubbleless_runtime._testing import procs  # noqa: E402
 
 STEPS = 40
 TIMEOUT = 5

@@ -14,26 +14,9 @@ import uuid
 import pytest
 
 from bubbleless_runtime import PipelineCommError, spawn
+from bubbleless_runtime._testing import procs
 from bubbleless_runtime._testing.faults import first_step_waits, raise_mid_step, start_a_grandchild_then_fail
 from bubbleless_runtime.launch import RankFailure
-
-
-def marked_processes(marker: str) -> list[int]:
-    """Pids of live processes whose environment holds ``BUBBLELESS_TEST_MARKER=marker`` (Linux /proc)."""
-    found = []
-    needle = f"BUBBLELESS_TEST_MARKER={marker}".encode()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    with open(f"/proc/{entry}/stat") as s:
-                        if s.read().rsplit(")", 1)[1].split()[0] != "Z":
-                            found.append(int(entry))
-        except OSError:
-            continue
-    return found
 
 
 def wait_until(predicate, limit: float = 30.0) -> bool:
@@ -47,7 +30,7 @@ def wait_until(predicate, limit: float = 30.0) -> bool:
 
 
 def python(script: str, marker: str, **kwargs) -> subprocess.Popen:
-    env = {**os.environ, "BUBBLELESS_TEST_MARKER": marker, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, procs.MARKER: marker, "OMP_NUM_THREADS": "1"}
     return subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
 
@@ -69,7 +52,7 @@ def test_rt_a_stalled_rank_ends_spawn_naming_it_and_the_interpreter_exits():
     assert proc.returncode == 0, err[-3000:]
     assert out.startswith("RankFailure rank 1 stopped responding"), out + err[-3000:]
     assert "stopped (SIGSTOP" in out and "rank 0 (PipelineCommError" in out, out
-    assert wait_until(lambda: not marked_processes(marker)), marked_processes(marker)
+    assert wait_until(lambda: not procs.marked(marker)), procs.marked(marker)
 
 
 @pytest.mark.slow
@@ -97,15 +80,7 @@ def test_rt_processes_a_rank_started_are_killed_with_it(tmp_path):
     with pytest.raises(KeyError, match="fails on purpose"):
         spawn(start_a_grandchild_then_fail, 2, str(pid_file), threads_per_process=1)
     pid = int(pid_file.read_text())
-    assert wait_until(lambda: not _alive(pid)), f"grandchild {pid} outlived its rank"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    assert wait_until(lambda: not procs.alive(pid)), f"grandchild {pid} outlived its rank"
 
 
 LAUNCHER = """
@@ -124,7 +99,7 @@ LAUNCHER = """
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
 def test_rt_killing_the_launcher_takes_its_ranks_down(tmp_path, signum):
     marker = uuid.uuid4().hex
-    env = {**os.environ, "BUBBLELESS_TEST_MARKER": marker, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, procs.MARKER: marker, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(LAUNCHER), str(tmp_path)], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     pid_files = [tmp_path / f"rank{r}.pid" for r in range(2)]
@@ -132,8 +107,8 @@ def test_rt_killing_the_launcher_takes_its_ranks_down(tmp_path, signum):
     ranks = [int(p.read_text()) for p in pid_files]
     proc.send_signal(signum)
     out, err = proc.communicate(timeout=60)
-    assert wait_until(lambda: not any(_alive(pid) for pid in ranks)), "a rank outlived its launcher"
-    assert wait_until(lambda: not marked_processes(marker)), marked_processes(marker)
+    assert wait_until(lambda: not any(procs.alive(pid) for pid in ranks)), "a rank outlived its launcher"
+    assert wait_until(lambda: not procs.marked(marker)), procs.marked(marker)
     if signum != signal.SIGKILL:
         assert proc.returncode == 128 + signum, out + err[-3000:]
         assert out.startswith(f"RunInterrupted stopped by {signal.Signals(signum).name}"), out + err[-3000:]
@@ -159,32 +134,6 @@ def test_rt_rank_failures_rank_own_errors_over_deaths_over_stalls_over_comm_erro
         raise_root_cause([reported(0, gloo, "tb"), stalled(2, None)], 4)
 
 
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        found.append(int(entry))
-            except OSError:
-                continue
-    return found
-
-
-def _ranks_of(launcher: int) -> list[int]:
-    """The rank processes under a launcher: children of its fork server."""
-    ranks = []
-    for child in _children(launcher):
-        try:
-            with open(f"/proc/{child}/cmdline", "rb") as f:
-                if b"forkserver" in f.read():
-                    ranks += _children(child)
-        except OSError:
-            continue
-    return ranks
-
-
 @pytest.mark.slow
 def test_rt_bubbleless_train_with_a_stopped_rank_ends_non_zero_naming_it(tmp_path):
     """SIGSTOP one rank of `bubbleless train` mid-run: the run ends with exit code 1 and the headline
@@ -203,14 +152,14 @@ def test_rt_bubbleless_train_with_a_stopped_rank_ends_non_zero_naming_it(tmp_pat
         """, marker)
     assert wait_until(lambda: (out / "metrics.jsonl").exists() and len((out / "metrics.jsonl").read_text().splitlines())
                       >= 3, 240), proc.stderr.read() if proc.poll() is not None else "no steps"
-    ranks = _ranks_of(proc.pid)
+    ranks = procs.ranks_of(proc.pid)
     assert len(ranks) == 3, ranks
     os.kill(ranks[1], signal.SIGSTOP)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 1, err[-3000:]
     headline = err.strip().splitlines()[-1]
     assert re.match(r"bubbleless: rank \d stopped responding: .*stopped \(SIGSTOP", headline), err[-3000:]
-    assert wait_until(lambda: not marked_processes(marker)), marked_processes(marker)
+    assert wait_until(lambda: not procs.marked(marker)), procs.marked(marker)
 
 
 @pytest.mark.slow

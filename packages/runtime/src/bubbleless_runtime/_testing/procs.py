@@ -1,7 +1,8 @@
 """Processes of a run, found through /proc (Linux): a launcher's ranks, and anything left behind.
+Shared by the runtime's process tests and ``bench/reliability/faults.py``.
 
-Every process a fault run starts inherits ``BUBBLELESS_FAULT_MARKER=<run id>`` in its environment, so
-``marked(run)`` finds its leftovers wherever they were reparented. Ranks of ``bubbleless train`` are
+Every process a test or fault run starts inherits ``BUBBLELESS_TEST_MARKER=<run id>`` (``MARKER``) in its
+environment, so ``marked(run)`` finds its leftovers wherever they were reparented. Ranks of ``bubbleless train`` are
 the children of the launcher's fork server (``launch.spawn`` uses the forkserver start method), forked
 in rank order, so their pids sorted are the ranks in order.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 import os
 import signal
 
-MARKER = "BUBBLELESS_FAULT_MARKER"
+MARKER = "BUBBLELESS_TEST_MARKER"
 
 
 def _stat(pid: int) -> list[str] | None:
@@ -23,11 +24,13 @@ def _stat(pid: int) -> list[str] | None:
 
 
 def alive(pid: int) -> bool:
+    """False once ``pid`` has exited, as a zombie its parent has not reaped yet too."""
     fields = _stat(pid)
     return fields is not None and fields[0] not in ("Z", "X")
 
 
 def children(pid: int) -> list[int]:
+    """Pids whose parent is ``pid``, sorted."""
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -67,6 +70,7 @@ def marked(run: str) -> list[int]:
 
 
 def kill_all(pids) -> None:
+    """SIGKILL each of ``pids`` that still exists."""
     for pid in pids:
         try:
             os.kill(pid, signal.SIGKILL)
