@@ -99,12 +99,7 @@ def pcm_block(num_ranks: int, residues: tuple[int, int, int], steps: tuple[int, 
             return None
         s0, s1 = r, 2 * p - 1 - r
         times[(Kind.F, s0)], times[(Kind.F, s1)], times[(Kind.I, s1)], times[(Kind.I, s0)] = f0, f1, i1, i0
-        for stage, after in ((s1, i1), (s0, i0)):
-            t = after + 1
-            while t % 6 in taken:
-                t += 1
-            taken.add(t % 6)
-            times[(Kind.W, stage)] = t
+        _place_weight_grads(times, taken, ((s1, i1), (s0, i0)))
     return times
 
 
@@ -155,10 +150,15 @@ def stable_block(num_ranks: int, kind: str) -> dict[tuple[Kind, int], int]:
         s0, s1 = r, 2 * p - 1 - r
         times[(Kind.F, s0)], times[(Kind.F, s1)], times[(Kind.I, s1)], times[(Kind.I, s0)] = f0, f1, i1, i0
         taken = {f0 % 6, f1 % 6, i1 % 6, i0 % 6}
-        for stage, after in ((s1, i1), (s0, i0)):
-            t = after + 1
-            while t % 6 in taken:
-                t += 1
-            taken.add(t % 6)
-            times[(Kind.W, stage)] = t
+        _place_weight_grads(times, taken, ((s1, i1), (s0, i0)))
     return times
+
+
+def _place_weight_grads(times: dict, taken: set[int], after_input_grads) -> None:
+    """Each stage's W in the first slot after its I whose time mod 6 no other action of the block takes."""
+    for stage, after in after_input_grads:
+        t = after + 1
+        while t % 6 in taken:
+            t += 1
+        taken.add(t % 6)
+        times[(Kind.W, stage)] = t
