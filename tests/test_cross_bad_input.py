@@ -240,8 +240,9 @@ def test_bubbleless_train_exits_2_before_spawning_with_one_message(tmp_path, mon
     def never(*args, **kwargs):
         raise AssertionError("training started")
 
-    monkeypatch.setattr(cli, "launch", never)
-    monkeypatch.setattr(cli, "run_rank", never)
+    # main starts a run through these names of cli (run_rank and run_pool live in train_loop)
+    for name in ("launch", "run_rank", "run_pool"):
+        monkeypatch.setattr(cli, name, never)
     monkeypatch.chdir(tmp_path)
     path = tmp_path / "run.yaml"
     path.write_text(text)

@@ -164,12 +164,13 @@ def test_pool_resume_in_a_fresh_process_is_bit_identical_to_the_uninterrupted_ru
 
 LOGITS_AFTER_TRAINING = """\
 import torch
+import bubbleless_runtime.train_loop as train_loop  # run_pool's loop looks _save_adapter up there
 saved = {}
-original = cli._save_adapter
+original = train_loop._save_adapter
 def _capture(config, model, pipeline):  # the trained peft model, whose layers the pool trained in place
     saved["model"] = model
     return original(config, model, pipeline)
-cli._save_adapter = _capture
+train_loop._save_adapter = _capture
 import atexit
 @atexit.register
 def _logits():

@@ -1,0 +1,152 @@
+"""What ``bubbleless train`` trains: the model of the config, cut into a pipeline of ranks or a device pool,
+and what a resumed run takes from its checkpoint (the cut, the schedule) and its timeouts.
+
+``train_loop.py`` runs the steps over what these build; ``cli.py`` calls ``check_reliability`` and
+``reuse_checkpoint_cut`` before any process starts, so a bad setting ends the run with one message.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .config import RunConfig
+from .config_checks import is_schedule_path, pool_groups_of, schedule_from_file
+
+
+def check_reliability(config: RunConfig) -> None:
+    """The timeouts and checkpoint settings, and ``train.resume`` resolved to a complete checkpoint."""
+    from . import checkpoint_files
+
+    p, t = config.pipeline, config.train
+    for key, value in (("pipeline.timeout", p.timeout), ("pipeline.first_step_timeout", p.first_step_timeout)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
+            raise ValueError(f"{key} is in seconds and must be positive, got {value!r}")
+    if isinstance(t.keep_checkpoints, bool) or not isinstance(t.keep_checkpoints, int) or t.keep_checkpoints < 0:
+        raise ValueError(f"train.keep_checkpoints must be 0 (keep all) or a positive count, got {t.keep_checkpoints!r}")
+    if t.resume:
+        t.resume = checkpoint_files.resolve(t.resume, t.output_dir)
+
+
+def reuse_checkpoint_cut(config: RunConfig) -> None:
+    """Resuming ``partition: auto``: take the checkpoint's cut instead of profiling again, which may cut
+    elsewhere and would then be refused (``checkpoint.check_partition``); ``resumed_schedule`` then
+    takes the schedule the checkpoint ran, generated for the profile it was cut by."""
+    p = config.pipeline
+    if not config.train.resume or p.partition != "auto":
+        return
+    from .checkpoint import cut_text, manifest_of
+
+    cut = manifest_of(config.train.resume).get("partition")
+    if cut is not None:
+        p.partition, p.memory_cap = cut, None
+        print(f"resume: partition auto takes the checkpoint's cut {cut_text(cut)} (not profiled again)")
+
+
+def resumed_schedule(config: RunConfig):
+    """Resuming: the ``Schedule`` the checkpoint ran when it is the one configured and the cut is the
+    checkpoint's (``partition: auto`` may have generated it for its profile); else None: generate it."""
+    if not config.train.resume:
+        return None
+    from bubbleless_schedules import Schedule
+
+    from .checkpoint import manifest_of
+
+    manifest = manifest_of(config.train.resume)
+    saved = manifest.get("schedule")
+    if not saved or saved.get("name") != config.pipeline.schedule or manifest.get("partition") != config.pipeline.partition:
+        return None
+    return Schedule.from_text(saved["text"])
+
+
+def first_step_timeout(config: RunConfig) -> float:
+    """Seconds the first step's waits (process start, profiling, first transfers) may take."""
+    p = config.pipeline
+    return 4.0 * p.timeout if p.first_step_timeout is None else p.first_step_timeout
+
+
+def steady_timeouts(config: RunConfig) -> None:
+    """After the first step: the default process group's blocking collectives wait ``pipeline.timeout``
+    (they were given ``first_step_timeout`` to start); the pipeline's own waits switch by themselves."""
+    import datetime
+
+    import torch.distributed as dist
+
+    set_timeout = getattr(dist.distributed_c10d, "_set_pg_timeout", None)  # torch >= 2.3
+    if set_timeout is not None and dist.is_initialized():
+        set_timeout(datetime.timedelta(seconds=config.pipeline.timeout))
+
+
+def device_of(config: RunConfig, rank: int):
+    """The torch device this rank's stages run on (``train.device``; under torchrun its ``LOCAL_RANK``'s GPU)."""
+    import torch
+
+    if config.train.device == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ValueError("train.device is 'cuda' but no GPU is visible; set train.device: cpu")
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))  # the GPU init_from_env selected under torchrun
+    return torch.device("cuda", local_rank % torch.cuda.device_count())
+
+
+def build_model(config: RunConfig):
+    """The model of ``config.model`` (``models.ARCHITECTURES`` is the one table), LoRA applied, cut."""
+    from .lora import apply_lora
+    from .models import model_from_config, pipeline_model
+
+    model, aux = model_from_config(config.model, seed=config.train.seed)
+    if config.lora.enabled:
+        lora = config.lora
+        model = apply_lora(
+            model, rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout, target_modules=lora.target_modules
+        )
+    return pipeline_model(model, aux_loss_coef=aux)
+
+
+def configured_schedule(config: RunConfig):
+    """``pipeline.schedule``: a name, or the ``Schedule`` read (and validated) from its CSV path."""
+    name = config.pipeline.schedule
+    return schedule_from_file(name) if is_schedule_path(name) else name
+
+
+def stage_pipeline(config: RunConfig, piped, loss, sample_input, *, rank: int, schedule=None):
+    """The multi-process ``Pipeline``: this rank's stages on this rank's device (``schedule``: a
+    ``Schedule`` to run instead of generating ``pipeline.schedule``, e.g. a resumed checkpoint's)."""
+    from .pipeline import Pipeline
+
+    device = device_of(config, rank)
+    for layer in piped.layers:
+        layer.to(device)
+    return Pipeline(
+        piped.layers,
+        schedule=configured_schedule(config) if schedule is None else schedule,
+        num_microbatches=config.pipeline.num_microbatches,
+        loss_fn=loss,
+        partition=config.pipeline.partition,
+        # partition: auto profiles on the first step's first micro-batch (rank 0 measures, all ranks cut)
+        sample_input=sample_input,
+        memory_cap=config.pipeline.memory_cap,
+        device=device,
+        timeout=config.pipeline.timeout,
+        first_step_timeout=first_step_timeout(config),
+        trace=True,  # the report reads last_timeline once, on every rank, after the last step
+    )
+
+
+def pool_pipeline(config: RunConfig, piped, loss, sample_input):
+    """The ``RoundRobinPipeline`` over ``pipeline.devices``; the layers stay on the host (its store)."""
+    from .pool import RoundRobinPipeline
+
+    p = config.pipeline
+    return RoundRobinPipeline(
+        piped.layers,
+        devices=p.devices,
+        schedule=p.schedule,
+        num_microbatches=p.num_microbatches,
+        loss_fn=loss,
+        partition=pool_groups_of(p.partition),
+        sample_input=sample_input,  # partition: auto times the layers on the first step's first micro-batch
+        memory_budget=p.memory_budget,
+        pin_memory=p.pin_memory,
+        optimizer=None,  # .grad of the host parameters is filled; the Trainer's optimizer steps them
+        trace=True,
+    )
