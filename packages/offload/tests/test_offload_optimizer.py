@@ -10,6 +10,7 @@ import torch
 from offload_models import batch, loss_of, tied_layers
 
 from bubbleless_offload import DynamicLossScaler, HostOptimizer, HostStore
+from bubbleless_offload.host_optimizer import fused_cpu_available
 
 SETTINGS = {
     "adamw": {"lr": 1e-2, "betas": (0.8, 0.95), "eps": 1e-7, "weight_decay": 0.1},
@@ -23,7 +24,7 @@ def parameters(layers) -> list[torch.nn.Parameter]:
     return list(torch.nn.ModuleList(layers).parameters())
 
 
-def plain_optimizer(layers, name, settings):
+def plain_optimizer(layers, name, settings, fused=False):
     """Built as the runtime's ``build_optimizer`` builds it: matrices with decay first, then the rest."""
     params = parameters(layers)
     groups = [
@@ -33,7 +34,8 @@ def plain_optimizer(layers, name, settings):
     if name == "sgd":
         return torch.optim.SGD(groups, lr=settings["lr"], momentum=settings["momentum"])
     cls = torch.optim.AdamW if name == "adamw" else torch.optim.Adam
-    return cls(groups, lr=settings["lr"], betas=settings["betas"], eps=settings["eps"])
+    kernel = {"fused": True} if fused else {}
+    return cls(groups, lr=settings["lr"], betas=settings["betas"], eps=settings["eps"], **kernel)
 
 
 def grads_into_store(store: HostStore, layers, seed: int) -> None:
@@ -44,13 +46,14 @@ def grads_into_store(store: HostStore, layers, seed: int) -> None:
         hp.param.grad = None
 
 
+@pytest.mark.parametrize("fused", [None, False], ids=["default-kernel", "foreach"])
 @pytest.mark.parametrize("clip", [0.0, 0.5], ids=["no-clip", "clip"])
 @pytest.mark.parametrize("name", sorted(SETTINGS))
-def test_three_steps_equal_the_plain_torch_optimizer(name, clip):
+def test_three_steps_equal_the_plain_torch_optimizer(name, clip, fused):
     ours, theirs = tied_layers(seed=3), tied_layers(seed=3)
     store = HostStore(ours, pin_memory=False)
-    optimizer = HostOptimizer(store, name=name, max_grad_norm=clip, **SETTINGS[name])
-    plain = plain_optimizer(theirs, name, SETTINGS[name])
+    optimizer = HostOptimizer(store, name=name, max_grad_norm=clip, fused=fused, **SETTINGS[name])
+    plain = plain_optimizer(theirs, name, SETTINGS[name], fused=optimizer.fused)
     assert [len(g["params"]) for g in optimizer.param_groups] == [len(g["params"]) for g in plain.param_groups]
     for step in range(3):
         grads_into_store(store, ours, step)
@@ -63,6 +66,28 @@ def test_three_steps_equal_the_plain_torch_optimizer(name, clip):
     for mine, reference in zip(parameters(ours), parameters(theirs), strict=True):
         assert torch.equal(mine, reference)
     assert all(not hp.grad.any() for hp in store.trainable)  # zeroed for the next iteration
+
+
+@pytest.mark.skipif(not fused_cpu_available(), reason="torch < 2.4 has no fused CPU Adam")
+@pytest.mark.parametrize("name", ["adam", "adamw"])
+def test_the_default_fused_kernel_equals_torchs_default_adam_within_fp32_rounding(name):
+    ours, theirs = tied_layers(seed=5), tied_layers(seed=5)
+    store = HostStore(ours, pin_memory=False)
+    optimizer = HostOptimizer(store, name=name, max_grad_norm=0.5, **SETTINGS[name])
+    assert optimizer.fused and optimizer.torch_optimizer.defaults["fused"] is True
+    plain = plain_optimizer(theirs, name, SETTINGS[name])  # torch's default (foreach) kernel
+    assert not plain.defaults.get("fused")
+    for step in range(5):
+        grads_into_store(store, ours, step)
+        loss_of(theirs, *batch(step)).backward()
+        torch.nn.utils.clip_grad_norm_(parameters(theirs), 0.5)
+        plain.step()
+        plain.zero_grad()
+        optimizer.step()
+    for mine, reference in zip(parameters(ours), parameters(theirs), strict=True):
+        torch.testing.assert_close(mine, reference, rtol=1e-5, atol=1e-6)
+    assert not HostOptimizer(HostStore(tied_layers(), pin_memory=False), fused=False).fused
+    assert not HostOptimizer(HostStore(tied_layers(), pin_memory=False), name="sgd").fused
 
 
 def test_bf16_working_weights_follow_the_fp32_masters():
@@ -164,6 +189,8 @@ def test_lr_scheduler_drives_the_inner_torch_optimizer():
         ({"betas": (0.9,)}, "betas must be two numbers"),
         ({"eps": math.nan}, "eps must be"),
         ({"max_grad_norm": -0.1}, "max_grad_norm must be"),
+        ({"fused": "yes"}, "fused must be None"),
+        ({"name": "sgd", "fused": True}, r"'sgd' has no fused CPU kernel; use one of \['adam', 'adamw'\]"),
     ],
 )
 def test_bad_settings_are_value_errors_that_name_the_setting(kwargs, message):
