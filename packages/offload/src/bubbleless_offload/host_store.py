@@ -9,6 +9,10 @@ What each unique parameter has here (``HostParam``):
   already fp32, so nothing is duplicated) and an fp32 gradient accumulator that device workers add into.
 - frozen parameters (LoRA base weights): nothing else. They are never downloaded back, and can be
   memory-mapped from a .safetensors file instead of held in RAM (``frozen_safetensors``).
+- after ``double_buffer()`` (the one-step-stale optimizer, ``host_optimizer_async``): trainable
+  parameters also get a second accumulator and a second (back) working buffer, and a master of their own
+  even when the working dtype is fp32, so an optimizer thread can step the masters and write the next
+  working weights while devices read the current ones and add into the other accumulator.
 
 Parameters are de-duplicated by identity: a tied embedding / LM-head weight used by the first and the
 last layer is one ``HostParam`` with one master and one accumulator.
@@ -46,6 +50,10 @@ class HostParam:
     """fp32 gradient accumulator (zeroed by ``HostStore.zero_grad``). None if frozen."""
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     """Held while adding into ``grad``: device threads store gradients concurrently."""
+    spare_grad: torch.Tensor | None = None
+    """The second fp32 accumulator (``double_buffer``); swapped with ``grad`` by ``swap_grads``."""
+    spare_working: torch.Tensor | None = None
+    """The back working buffer (``double_buffer``): the next weights are written here, then swapped in."""
 
     @property
     def nbytes(self) -> int:
@@ -79,6 +87,9 @@ class HostStore:
         self.layers = layers
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
         self.pool = pool if pool is not None else PinnedPool(pin=self.pin_memory)
+        self.drain: Callable[[], None] = _nothing
+        """Called before ``master_state_dict``/``load_master_state_dict`` touch the masters: an asynchronous
+        optimizer sets it to its ``synchronize``, so no update is in flight or pending then."""
         if self.pin_memory and not self.pool.pin:
             raise ValueError("pin_memory=True with an unpinned pool: pass PinnedPool(pin=True) or pin_memory=False")
         by_id: dict[int, HostParam] = {}
@@ -202,6 +213,17 @@ class HostStore:
             if staging is not None:
                 self.pool.release(staging)
 
+    def swap_grads(self) -> list[torch.Tensor]:
+        """Exchange each accumulator with its spare (``double_buffer`` first); the spent ones, in
+        ``trainable`` order. Devices add into the other set from now on (call it with no step running)."""
+        self._check_double_buffered()
+        spent = []
+        for hp in self.trainable:
+            with hp.lock:
+                hp.grad, hp.spare_grad = hp.spare_grad, hp.grad
+            spent.append(hp.spare_grad)
+        return spent
+
     def masters_with_grads(self) -> list[torch.Tensor]:
         """The fp32 masters with ``.grad`` set to the accumulators, for a torch optimizer or clip_grad_norm_."""
         for hp in self.trainable:
@@ -214,6 +236,53 @@ class HostStore:
             for hp in self.trainable:
                 if hp.master.data_ptr() != hp.param.data_ptr():  # an fp32 master is the working tensor
                     hp.param.data.copy_(hp.master)
+
+    def write_spare_working(self) -> None:
+        """Copy masters into the back working buffers (an optimizer thread, while devices read the front)."""
+        self._check_double_buffered()
+        with torch.no_grad():
+            for hp in self.trainable:
+                hp.spare_working.copy_(hp.master)
+
+    def swap_working(self) -> None:
+        """Make the back working buffers the callers' parameter data, the front ones the back (no step
+        running: the devices read ``param.data`` when they upload)."""
+        self._check_double_buffered()
+        for hp in self.trainable:
+            hp.param.data, hp.spare_working = hp.spare_working, hp.param.data
+
+    # ---- double buffering (the one-step-stale optimizer) ----
+
+    @property
+    def double_buffered(self) -> bool:
+        return any(hp.spare_grad is not None for hp in self.trainable)
+
+    def double_buffer(self) -> int:
+        """Give every trainable parameter a spare accumulator, a back working buffer (pinned when the store
+        pins) and a master of its own (fp32 working weights stop being their master); idempotent.
+
+        Host bytes added: per trainable parameter 4 (the spare accumulator) + the working dtype's size
+        (the back buffer) + 4 more where the working dtype is fp32 (the separate master): 6 bytes for
+        bf16 working weights, 12 for fp32. Returns the bytes added.
+        """
+        added = 0
+        for hp in self.trainable:
+            if hp.spare_grad is not None:
+                continue
+            data = hp.param.data
+            if hp.master.data_ptr() == data.data_ptr():
+                hp.master = data.detach().clone()
+                added += hp.master.numel() * 4
+            spare = self.pool.acquire(data.shape, data.dtype) if self.pin_memory else torch.empty_like(data)
+            spare.copy_(data)
+            hp.spare_working = spare
+            hp.spare_grad = torch.zeros(data.shape, dtype=torch.float32)
+            added += hp.nbytes + hp.spare_grad.numel() * 4
+        return added
+
+    def _check_double_buffered(self) -> None:
+        if not self.double_buffered:
+            raise ValueError("this store has one accumulator and one working buffer: call double_buffer() first")
 
     def grads_to_params(self) -> None:
         """Add the accumulators into the callers' ``param.grad`` (made in the param's dtype when None).
@@ -233,6 +302,7 @@ class HostStore:
 
     def master_state_dict(self) -> dict[str, torch.Tensor]:
         """The fp32 masters by name (the host state a checkpoint must keep for an exact resume)."""
+        self.drain()
         return {hp.name: hp.master for hp in self.trainable}
 
     def load_master_state_dict(self, state: dict[str, torch.Tensor]) -> None:
@@ -240,6 +310,7 @@ class HostStore:
         missing = [hp.name for hp in self.trainable if hp.name not in state]
         if missing:
             raise ValueError(f"master state lacks {len(missing)} trainable parameters, e.g. {missing[:3]}")
+        self.drain()
         with torch.no_grad():
             for hp in self.trainable:
                 hp.master.copy_(state[hp.name])
@@ -250,3 +321,7 @@ class HostStore:
             f"HostStore({self.num_layers} layers, {len(self.params)} params, {len(self.trainable)} trainable, "
             f"pin_memory={self.pin_memory})"
         )
+
+
+def _nothing() -> None:
+    return None
