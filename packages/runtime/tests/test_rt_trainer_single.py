@@ -173,3 +173,30 @@ def test_resume_refuses_a_checkpoint_cut_elsewhere(tmp_path):
     same = _cut_trainer([1, 3])
     same.load(tmp_path)
     assert same.state_dict()["partition"] == [1, 3]
+
+
+
+def test_tokens_count_the_real_tokens_of_a_padded_batch_not_the_padding(tmp_path):
+    """Four documents of 3, 5, 9 and 7 tokens, right-padded to 16: the step reports their 24 tokens, not
+    the 64 elements of the (4, 16) batch, and metrics' tokens_per_second divides those 24 by the seconds."""
+    from bubbleless_runtime.data_batches import TokenBatches
+    from bubbleless_runtime.data_tokenize import Sample
+    from bubbleless_runtime.metrics import MetricsWriter
+
+    def document(n):
+        ids = [(n + i) % 30 + 1 for i in range(n)]
+        return [Sample(ids, ids, "test")]
+
+    data = TokenBatches(rows=[document(n) for n in (3, 5, 9, 7)], batch_size=4, seq_len=32, packing=False, pad_id=0)
+    (ids, segments), _ = data.batch(0)
+    assert ids.shape == (4, 16) and int((segments != 0).sum()) == 24  # the batch does hold padding
+    piped = pipeline_model(build_causal_lm("qwen3", seed=0, **tiny_hf_fields()))
+    loss = ScaledLoss(piped.loss_fn)
+    pipe = Pipeline(piped.layers, schedule="1f1b", num_microbatches=2, loss_fn=loss)
+    optimizer = torch.optim.SGD(pipe.parameters(), lr=1e-2)
+    trainer = Trainer(pipeline=pipe, layers=piped.layers, loss=loss, optimizer=optimizer, num_microbatches=2)
+    stats = trainer.train_step(data)
+    assert stats.tokens == 24
+    with MetricsWriter(tmp_path, tensorboard=False) as metrics:
+        record = metrics.log_stats(stats)
+    assert record["tokens_per_second"] == pytest.approx(24 / stats.seconds)

@@ -2,7 +2,7 @@
 
 One JSON object per line, written and flushed as the step ends, so a run that is killed keeps every
 step it finished: ``{"step": 12, "loss": 2.31, "lr": 0.001, "grad_norm": 0.84, "tokens_per_second":
-5120.0}``, plus ``eval_loss`` (and any other number) on the steps that have one. A field that is None
+5120.0}`` (tokens that are not padding: ``trainer.real_tokens``), plus ``eval_loss`` (and any other number) on the steps that have one. A field that is None
 is left out; a NaN (the grad norm of a skipped fp16 step) is written as ``null``, since JSON has no NaN.
 
 A resumed run opens the writer with the checkpoint's step: lines of later steps (written by the run
@@ -109,8 +109,9 @@ class MetricsWriter:
         return record
 
     def log_stats(self, stats, **extra: float | None) -> dict:
-        """Log a Trainer ``StepStats`` (loss, lr, grad norm, this rank's tokens/s over the step) and
-        ``extra`` fields (``eval_loss=`` on steps that evaluate)."""
+        """Log a Trainer ``StepStats`` (loss, lr, grad norm, and ``tokens_per_second``: this rank's
+        non-padding tokens over the step's seconds) and ``extra`` fields (``eval_loss=`` on steps that
+        evaluate)."""
         return self.log(stats.step, loss=stats.loss, lr=stats.lr, grad_norm=stats.grad_norm,
                         tokens_per_second=stats.tokens / max(stats.seconds, 1e-9), **extra)
 

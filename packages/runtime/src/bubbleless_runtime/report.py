@@ -23,8 +23,8 @@ class RunResult:
     """Mean per-micro-batch loss of every optimizer step this run took, in order (empty when the run
     resumed from a checkpoint already at ``train.steps``)."""
     tokens_per_second: float
-    """Input tokens per second over the steps after the first (which pays one-off setup); NaN when no
-    step ran."""
+    """Non-padding input tokens (``StepStats.tokens``) per second over the steps after the first (which
+    pays one-off setup); NaN when no step ran."""
     measured_bubble_rate: float
     """Idle share of the whole makespan in the last step's measured timeline, over all ranks; NaN when no
     step ran."""
@@ -165,7 +165,7 @@ def report(result: RunResult, config) -> str:
     lines = [
         f"schedule {p.schedule}, {workers}, {p.num_microbatches} micro-batches, {len(result.losses)} steps",
         f"loss          {first:.3f} -> {last:.3f}  (mean of the first / last {window} steps)",
-        f"throughput    {result.tokens_per_second:,.0f} tokens/s",
+        f"throughput    {result.tokens_per_second:,.0f} tokens/s  (padding not counted)",
         f"bubble rate   measured {result.measured_bubble_rate:.1%}  |  simulator {result.predicted_bubble_rate:.1%} "
         f"(last step; simulator fed that step's {fed}; it assumes a core per {worker}, so expect a gap when "
         f"{worker}s outnumber free cores)",

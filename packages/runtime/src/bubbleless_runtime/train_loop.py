@@ -126,6 +126,7 @@ def _train(config: RunConfig, *, rank: int, stop: StopRequest | None = None) -> 
         if metrics is not None:
             metrics.log_stats(stats, eval_loss=eval_loss)
         if warm or trainer.step == steps:  # the first step pays one-off setup; keep it out of tokens/s
+            # (stats.tokens counts non-padding tokens only: padding never inflates tokens/s)
             tokens, seconds = tokens + stats.tokens, seconds + stats.seconds
         warm = True
         if bar is not None and (trainer.step % config.train.log_every == 0 or trainer.step == steps):

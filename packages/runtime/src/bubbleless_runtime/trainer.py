@@ -29,7 +29,7 @@ from .loss_scaling import DynamicLossScaler, ScaledLoss
 
 __all__ = [
     "AUTOCAST_DTYPES", "OPTIMIZERS", "DynamicLossScaler", "ScaledLoss", "StepStats", "Trainer", "build_optimizer",
-    "seed_everything", "warmup_cosine",
+    "real_tokens", "seed_everything", "warmup_cosine",
 ]
 
 
@@ -48,7 +48,9 @@ class StepStats:
     lr: float
     """Learning rate the optimizer stepped with (the first parameter group's)."""
     tokens: int
-    """Input tokens (elements of the input tensors) this rank fed to its pipeline steps."""
+    """Non-padding input tokens this rank fed to its pipeline steps (``real_tokens``: padding, segment
+    id 0, is not counted; prompt tokens that carry no loss are). tokens/s everywhere is this over
+    ``seconds``."""
     seconds: float
     """Wall-clock seconds of the whole optimizer step on this rank."""
     skipped: bool
@@ -63,6 +65,15 @@ OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
     "adam": lambda groups, c: torch.optim.Adam(groups, lr=c.lr, betas=tuple(c.betas), eps=c.eps),
     "sgd": lambda groups, c: torch.optim.SGD(groups, lr=c.lr, momentum=c.momentum),
 }
+
+
+def real_tokens(inputs) -> int:
+    """Tokens of a batch that are not padding: of ``(input_ids, segments)`` (``data_batches.py``) those whose
+    segment id is not 0 (a padded row's tail, a packed row's unfilled end); of a plain tensor (the
+    synthetic tasks, which never pad) every element."""
+    if isinstance(inputs, (tuple, list)):
+        return int(torch.count_nonzero(inputs[1]))
+    return inputs.numel()
 
 
 def build_optimizer(params: Iterable[nn.Parameter], config) -> torch.optim.Optimizer:
@@ -146,7 +157,7 @@ class Trainer:
             inputs, targets = data.batch(self.data_position)
             self.data_position += 1
             ids = inputs[0] if isinstance(inputs, (tuple, list)) else inputs  # (input_ids, segments) of real data
-            tokens += ids.numel()
+            tokens += real_tokens(inputs)
             with self._autocast(self.autocast_device or ids.device.type):
                 loss = self.pipeline.step(inputs, targets)
             if loss is not None:
