@@ -8,27 +8,49 @@
     pipe = RoundRobinPipeline(..., optimizer={"name": "adamw", "lr": 1e-4, "max_grad_norm": 1.0})
     loss = pipe.step(inputs, targets)   # and the host optimizer has stepped the fp32 masters
 
+    pipe = RoundRobinPipeline(..., optimizer={"name": "adamw", "lr": 1e-4, "asynchronous": True})
+    for inputs, targets in batches:
+        loss = pipe.step(inputs, targets)   # the update from these gradients runs during the next step
+    pipe.synchronize()                      # the last update applied: read or save the weights now
+
 Every weight, gradient and optimizer state lives in host memory (``bubbleless_offload.HostStore``); the
 devices are a pool of stateless workers, one thread each, running the jobs the ``roundrobin`` schedule
 gives them (``pool_worker``). The same code runs on CPU "devices" (``devices=["cpu"] * 4``) with real
 copies, so its logic and gradients are tested on every machine.
 
-Synchronous consistency: the forward, recompute and backward of one step all read the weights as they
-were when the step began; the host optimizer (if any) steps after the last gradient is down.
+Consistency: the forward, recompute and backward of one step all read the weights as they were when the
+step began. The host optimizer (if any) steps after the last gradient is down, synchronously by default.
+``optimizer={..., "asynchronous": True}`` makes it one step stale, RoundPipe's default
+(``bubbleless_offload.host_optimizer_async``): step k's gradients are handed to a CPU thread that
+updates the fp32 masters while step k+1 already runs on the weights before that update, and step k+1's
+end puts the new weights in front (a pointer swap) before handing off its own gradients; so
+``w_{k+1} = w_k - update(g(w_{k-1}))``. It costs 6 more host bytes per trainable bf16 parameter (a
+second gradient accumulator and working buffer). ``pipe.synchronize()`` applies the update in flight:
+call it before reading or saving the weights (``store.master_state_dict`` and the optimizer's
+``state_dict`` call it themselves); the update's exception, if it had one, is raised there or by the
+next ``step``. ``last_step_result`` is the ``HostStepResult`` of the latest update applied to the
+weights: synchronous, this step's; asynchronous, the previous step's (None after the first step), and
+this step's once ``synchronize()`` returns. The fp16 loss scaler is refused with ``asynchronous``.
+
+Gradient accumulation: with a host optimizer, ``step(..., optimizer_step=False)`` keeps its gradients in
+the host accumulators and the next ``step`` adds to them; without one, each step adds into ``.grad``.
 
 Errors: an exception in any worker (an out-of-memory included) stops every other worker at its next
-wait, the devices are cleared, the host gradients of the failed step are dropped, and ``step`` raises
-that first exception, noting the device and action; the pipeline is usable for the next ``step``.
+wait, the devices are cleared, the host gradients of the failed step are dropped (with those accumulated
+since the last optimizer step), and ``step`` raises that first exception, noting the device and action;
+the pipeline is usable for the next ``step``. An update in flight is not touched by a failed step: it
+is applied, once, at the end of the next step that succeeds.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
 from bubbleless_offload import DeviceOutOfMemory, HostOptimizer, HostStore, MemoryBudget
+from bubbleless_offload.host_optimizer_async import AsyncHostOptimizer
 from bubbleless_partition import Partition, Profile
 from bubbleless_schedules import Costs, Schedule, Span, Timeline, add_weight_transfers, peak_memory, simulate
 from bubbleless_schedules.action import STAGE_KINDS
@@ -74,7 +96,8 @@ class RoundRobinPipeline:
     ``model``: an ``nn.Sequential`` or a list of layers (the Hugging Face adapters give these).
     ``partition``: see ``pool_plan`` (``"auto"`` needs ``sample_input``, one micro-batch of inputs).
     ``optimizer``: None (fill ``.grad`` of the caller's parameters, as ``Pipeline`` does) or the keyword
-    arguments of ``bubbleless_offload.HostOptimizer`` (``{"name": "adamw", "lr": ...}``).
+    arguments of ``bubbleless_offload.HostOptimizer`` (``{"name": "adamw", "lr": ...}``), plus
+    ``"asynchronous": True`` for the one-step-stale optimizer (module docstring).
     ``memory_budget``: bytes each device may hold; a plan that cannot fit is refused here, and the
     executor counts every tensor it places at run time (``DeviceOutOfMemory`` from ``step``).
     ``pin_memory``: host weights in pinned buffers (default: when a GPU is in ``devices``).
@@ -108,7 +131,7 @@ class RoundRobinPipeline:
         self.store = HostStore(self.layers, pin_memory=pin, frozen_safetensors=frozen_safetensors,
                                safetensors_key=safetensors_key)
         check_fits(self.schedule, self.store, memory_budget, self.devices, self.profile)
-        self.optimizer = None if optimizer is None else HostOptimizer(self.store, **dict(optimizer))
+        self.optimizer = _host_optimizer(self.store, optimizer)
         self.routes = routes_of(self.schedule)
         self.interpreter = POOL
         self.workers = [
@@ -169,7 +192,8 @@ class RoundRobinPipeline:
         check_batch(inputs, targets, self.num_microbatches)
         micro_inputs = split_batch(inputs, self.num_microbatches, torch.device("cpu"))
         micro_targets = split_batch(targets, self.num_microbatches, torch.device("cpu"))
-        self.store.zero_grad()
+        if self.optimizer is None:  # each step's gradients go into .grad; a host optimizer zeroes its own
+            self.store.zero_grad()
         board = Board(self.timeout, self.routes.readers)
         shared = PoolStep(micro_inputs, micro_targets, board, self.loss_fn)
         states = [WorkerState(shared) for _ in self.workers]
@@ -218,10 +242,22 @@ class RoundRobinPipeline:
         if self.optimizer is None:
             self.store.grads_to_params()
         elif optimizer_step:
-            self.last_step_result = self.optimizer.step()
+            try:
+                self.last_step_result = self.optimizer.step()
+            except BaseException:  # an update handed off earlier failed: this step's gradients go too
+                self.store.zero_grad()
+                raise
         self._last_spans = [s.spans for s in states] if self.trace else None
         self._timeline = None
         return torch.stack([shared.losses[m].float().cpu() for m in range(self.num_microbatches)]).sum()
+
+    def synchronize(self):
+        """Apply the one-step-stale update in flight, if any (a no-op otherwise); ``last_step_result``."""
+        if isinstance(self.optimizer, AsyncHostOptimizer):
+            applied = self.optimizer.synchronize()
+            if applied is not None:
+                self.last_step_result = applied
+        return self.last_step_result
 
     def _explain(self, failure: BaseException, errors, states) -> BaseException:
         """The root failure (never a worker it stopped), noted with its device, action and what to change."""
@@ -269,6 +305,29 @@ class RoundRobinPipeline:
 
     def peak_weight_layers(self) -> tuple[int, ...]:
         return peak_weight_layers(self.schedule)
+
+
+def _host_optimizer(store: HostStore, options) -> HostOptimizer | AsyncHostOptimizer | None:
+    if options is None:
+        return None
+    if not isinstance(options, Mapping):
+        raise ValueError(f"optimizer must be None or a dict of HostOptimizer settings such as "
+                         f"{{'name': 'adamw', 'lr': 1e-4}}, got {options!r}")
+    options = dict(options)
+    if "async" in options:
+        raise ValueError("optimizer option 'async' is spelled 'asynchronous' here ('async' is a Python keyword): "
+                         "pass {'asynchronous': True, ...}")
+    asynchronous = options.pop("asynchronous", False)
+    if not isinstance(asynchronous, bool):
+        raise ValueError(f"optimizer option 'asynchronous' must be True or False, got {asynchronous!r}")
+    try:
+        return (AsyncHostOptimizer if asynchronous else HostOptimizer)(store, **options)
+    except TypeError as error:
+        if "keyword argument" not in str(error):
+            raise
+        raise ValueError(f"optimizer options {sorted(options)}: {error}; the settings are HostOptimizer's "
+                         "(name, lr, betas, eps, weight_decay, momentum, max_grad_norm, loss_scaler, fused) "
+                         "and 'asynchronous'") from None
 
 
 def _out_of_memory(error: BaseException) -> bool:
