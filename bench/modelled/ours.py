@@ -31,9 +31,21 @@ link, STORE = its gradients back), and keeps the cut whose simulated step is sho
   group (the LM head) on one GPU; shorter ones deal those jobs to different GPUs but pay a ramp each.
 - activation hand-off through pinned host memory: the simulator's ``comm`` is one boundary activation
   down and up again at that link rate.
-- the optimizer: ``torch.optim.AdamW`` on the CPU over every trained parameter (``HostOptimizer``) at the
-  profile's ``cpu_adam_params_per_s``, after the last gradient is down: our runtime is synchronous.
-  RoundPipe's default one-step-stale mode would hide it behind the next step; the notes give that figure.
+- the optimizer: ``HostOptimizer``'s CPU AdamW over every trained parameter, which runs torch's fused CPU
+  kernel (one pass, as DeepSpeed's CPU-Adam: bench/results/cpu_adam.md measured it at 4.7x torch's
+  default foreach kernel on the build VM), priced memory-bound like the profile's
+  ``cpu_adam_fused_params_per_s`` but at ``HOST_STEP_BYTES`` per parameter instead of its 30: the step
+  (read param, grad, both moments; write param and moments: 28), the gradient norm (read the grad: 4),
+  the working bf16 copy (read the master, write 2 bytes: 6) and zeroing the spent accumulator (4).
+- the headline is the one-step-stale optimizer (``optimizer={..., "asynchronous": True}``, RoundPipe's
+  default): the CPU step of the previous batch's gradients runs on a thread during this batch's compute,
+  so the step is max(compute, optimizer) plus the serial hand-off (swap the accumulators, start the
+  thread, swap the working buffers in: pointer swaps, ``HAND_OFF_S_PER_LAYER`` per layer, measured on the
+  build VM). The synchronous step (``RoundRobinPipeline``'s default: compute, then the optimizer) is in
+  the notes and ``details["sync_step_s"]``. On a ``cpu`` profile the "devices" are the host's own cores,
+  which the optimizer thread would share, so nothing overlaps there: step = compute + optimizer. The
+  thread's DRAM traffic is assumed to fit beside the GPUs' copies (``POOL_DMA_SHARE`` leaves half the
+  bandwidth to the CPU, the profile's fused rate assumes half).
 - peak memory per GPU: the weights of two consecutive jobs on it (the current and the prefetched), plus
   one micro-batch's saved activations of its largest gradient job (recomputed backward groups and the
   fused last group keep one micro-batch), one loss chunk, and the hidden-state buffers in and out.
@@ -271,27 +283,53 @@ def _runs(sizes) -> str:
     return "[" + ", ".join(f"{v}x{n}" if n > 1 else str(v) for v, n in out) + "]"
 
 
+HOST_STEP_BYTES = 42
+"""DRAM bytes ``HostOptimizer``'s fused AdamW step moves per parameter (the module docstring)."""
+HAND_OFF_S_PER_LAYER = 37e-6
+"""The asynchronous optimizer's serial hand-off per decoder layer (11 tensors): ``AsyncHostOptimizer.step``
+plus the swap in ``synchronize``, 1.0 ms for 28 layers (308 tensors), median of 30, on the 2-core build VM
+(2026-12-01)."""
+
+
+def host_optimizer_s(point: Point) -> float:
+    """Seconds ``HostOptimizer``'s fused CPU AdamW takes over the trained parameters."""
+    from bubbleless_partition.hardware_data import ADAM_BYTES_PER_PARAM
+
+    rate = point.hardware.cpu_adam_fused_params_per_s * ADAM_BYTES_PER_PARAM / HOST_STEP_BYTES
+    return trainable_params(point) / rate
+
+
 def roundrobin(point: Point) -> Prediction:
-    """Our round-robin device pool (RoundPipe's mechanism), as ``RoundRobinPipeline`` would plan it."""
+    """Our round-robin device pool (RoundPipe's mechanism), as ``RoundRobinPipeline`` would plan it, with
+    the one-step-stale host optimizer (``asynchronous``); the synchronous step is in the notes."""
     try:
         groups, makespan_ms, peak, bandwidth, per_step, transfer_ms, last_ms, even_ms = _pool_plan(point)
     except ValueError as error:
         longest = longest_sequence(lambda s: _pool_peak_one_layer_groups(point.at(micro_batch=1), s),
                                    usable_bytes(point.hardware))
         return not_fitting("roundrobin", point, math.inf, longest, f"no plan: {error}")
-    optimizer = trainable_params(point) / point.hardware.cpu_adam_params_per_s
-    step = makespan_ms / 1e3 + optimizer
-    stale = max(makespan_ms / 1e3, optimizer)
+    compute = makespan_ms / 1e3
+    optimizer = host_optimizer_s(point)
+    sync_step = compute + optimizer
+    hand_off = HAND_OFF_S_PER_LAYER * point.shape.num_layers
+    overlaps = point.hardware.kind != "cpu"
+    step = (max(compute, optimizer) + hand_off) if overlaps else sync_step
     longest = longest_sequence(lambda s: _pool_peak_one_layer_groups(point.at(micro_batch=1), s),
                                usable_bytes(point.hardware))
     notes = [
         f"{point.microbatches // per_step} pool steps of {per_step} micro-batches, gradients accumulated; groups "
         f"fwd {_runs(groups.forward)} last {groups.last} bwd {_runs(groups.backward)}; host link "
         f"{bandwidth:.1f} GB/s per GPU",
-        f"one-step-stale optimizer (RoundPipe's default, not in our runtime): {point.tokens / stale:,.0f} tokens/s",
+        f"one-step-stale optimizer (asynchronous=True, RoundPipe's default; the headline): step "
+        f"{step:.2f} s = max(compute {compute:.2f}, CPU AdamW {optimizer:.2f}) + hand-off {hand_off * 1e3:.1f} ms"
+        + ("" if overlaps else " (not overlapped: a cpu profile's devices are the host cores)")
+        + f", {point.tokens / step:,.0f} tokens/s",
+        f"synchronous optimizer (RoundRobinPipeline's default): step {sync_step:.2f} s = compute + CPU AdamW, "
+        f"{point.tokens / sync_step:,.0f} tokens/s",
     ]
     return done("roundrobin", point, step, peak, longest, notes,
-                compute_s=makespan_ms / 1e3, optimizer_s=optimizer, transfer_s_all_jobs=transfer_ms / 1e3,
+                compute_s=compute, optimizer_s=optimizer, hand_off_s=hand_off if overlaps else 0.0,
+                sync_step_s=sync_step, transfer_s_all_jobs=transfer_ms / 1e3,
                 fused_last_group_s=last_ms / 1e3, work_spread_evenly_s=even_ms / 1e3)
 
 
