@@ -170,3 +170,22 @@ def test_rt_the_process_group_timeout_can_be_shortened_after_the_first_step():
 
     results = spawn(collective_after_shortening_the_timeout, 2, 1.0, 4.0, threads_per_process=1, pg_timeout=60)
     assert results[0].startswith("failed: ") and "Timed out" in results[0], results
+
+
+def test_rt_stop_votes_summed_over_ranks_agree_on_the_signal_a_max_would():
+    """Votes summed as the loss all-reduce sums them: no vote -> None, any rank's signal -> it, and ranks
+    with different signals agree on the highest-numbered one (SIGTERM 15 over SIGINT 2), as MAX did."""
+    from bubbleless_runtime.signals import StopRequest, agreed_signal
+
+    def rank(signum):
+        stop = StopRequest()
+        stop.signum = signum
+        return stop.votes()
+
+    def summed(*signums):
+        return [sum(column) for column in zip(*(rank(s) for s in signums), strict=True)]
+
+    assert agreed_signal(summed(None, None, None)) is None
+    assert agreed_signal(summed(None, signal.SIGINT, None)) == signal.SIGINT
+    assert agreed_signal(summed(signal.SIGINT, signal.SIGTERM, signal.SIGINT)) == signal.SIGTERM
+    assert agreed_signal(summed(signal.SIGTERM, signal.SIGTERM)) == signal.SIGTERM

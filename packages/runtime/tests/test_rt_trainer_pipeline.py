@@ -84,3 +84,67 @@ def test_two_rank_training_matches_one_process_and_resumes_exactly(tmp_path):
     assert result["norms"] == pytest.approx([s.grad_norm for s in expected], rel=1e-4)
     assert expected[0].grad_norm > 0.5  # clipping was active, so the norm had to be right
     assert result["resumed"] == result["losses"]
+
+
+def _stop_worker(rank, port, out):
+    """Rank 1 alone is signalled after its first step; both ranks count their all-reduces per step."""
+    import signal
+
+    import torch.distributed as dist
+
+    from bubbleless_runtime.signals import StopRequest
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    counted = {"all_reduce": 0}
+    real_all_reduce = dist.all_reduce
+
+    def counting(*args, **kwargs):
+        counted["all_reduce"] += 1
+        return real_all_reduce(*args, **kwargs)
+
+    dist.all_reduce = counting
+    try:
+        plain = make_trainer(_pipelined)
+        plain_stats, plain_counts = [], []
+        for _ in range(3):
+            counted["all_reduce"] = 0
+            plain_stats.append(plain.train_step(TASK))
+            plain_counts.append(counted["all_reduce"])
+        stop = StopRequest()  # not installed: the test sets what a signal handler would record
+        stopping = make_trainer(_pipelined)
+        stats, counts = [], []
+        for step in range(3):
+            if rank == 1 and step == 1:
+                stop.signum = signal.SIGTERM
+            counted["all_reduce"] = 0
+            stats.append(stopping.train_step(TASK, stop=stop))
+            counts.append(counted["all_reduce"])
+        with open(os.path.join(out, f"stop{rank}.json"), "w") as f:
+            json.dump({
+                "signals": [s.stop_signal for s in stats], "losses": [s.loss for s in stats],
+                "plain_signals": [s.stop_signal for s in plain_stats], "plain_losses": [s.loss for s in plain_stats],
+                "counts": counts, "plain_counts": plain_counts,
+            }, f)  # fmt: skip
+    finally:
+        dist.all_reduce = real_all_reduce
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_a_stop_signal_on_one_rank_reaches_every_rank_on_the_loss_all_reduce(tmp_path):
+    """Rank 1 records SIGTERM before step 2: both ranks' step 2 (not step 1) reports it, the losses are
+    those of a run without a stop request, and a step makes no more all-reduces than without one."""
+    import signal
+
+    import torch.multiprocessing as mp
+
+    port = free_port()
+    mp.start_processes(_stop_worker, args=(port, str(tmp_path)), nprocs=2, start_method="fork")
+    ranks = [json.loads((tmp_path / f"stop{r}.json").read_text()) for r in range(2)]
+    for got in ranks:
+        assert got["signals"] == [None, signal.SIGTERM, signal.SIGTERM], got
+        assert got["plain_signals"] == [None, None, None]
+        assert got["losses"] == got["plain_losses"]
+        assert got["counts"] == got["plain_counts"] and min(got["counts"]) >= 1, got
+    assert ranks[0]["losses"] == ranks[1]["losses"]

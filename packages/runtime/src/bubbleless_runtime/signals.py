@@ -1,9 +1,10 @@
 """Stopping a run on SIGTERM or Ctrl-C, and ranks that never outlive their launcher.
 
 - ``deferred_stop()``: while a training loop runs, SIGTERM and SIGINT are recorded instead of killing the
-  process; the loop asks ``StopRequest.agreed(group)`` after each step (one tiny all-reduce, so every
-  rank stops after the same step), saves a checkpoint and raises ``RunInterrupted``. A second signal at
-  least a second after the first stops at once (a single Ctrl-C under torchrun reaches a rank twice:
+  process. Every rank's ``StopRequest.votes()`` ride on the all-reduce of the step's loss that the
+  Trainer makes anyway (``Trainer.train_step(data, stop=...)``: no collective of their own), so all
+  ranks read the same ``agreed_signal`` and stop after the same step: the loop saves a checkpoint and
+  raises ``RunInterrupted``. A second signal at least a second after the first stops at once (a single Ctrl-C under torchrun reaches a rank twice:
   the terminal's SIGINT and torchrun's SIGTERM, a moment apart).
 - ``die_with_launcher(pid)``: in a spawned rank, the kernel kills it when its parent dies
   (``PR_SET_PDEATHSIG`` on Linux), and a watchdog thread kills its process group when the launcher has
@@ -77,16 +78,17 @@ class StopRequest:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
 
-    def agreed(self, group) -> int | None:
-        """The stop signal if any rank of ``group`` has one (a MAX all-reduce; call on every rank)."""
-        import torch
-        import torch.distributed as dist
+    def votes(self) -> list[float]:
+        """This rank's vote per ``STOP_SIGNALS`` entry (1.0 for the signal received, else 0.0): summed over
+        the ranks, in any all-reduce SUM the ranks already make, ``agreed_signal`` reads the outcome."""
+        return [1.0 if self.signum == signum else 0.0 for signum in STOP_SIGNALS]
 
-        from .collectives import all_reduce
 
-        flag = torch.tensor(self.signum or 0, dtype=torch.int64)
-        all_reduce(flag, dist.ReduceOp.MAX, group)
-        return int(flag) or None
+def agreed_signal(summed_votes) -> int | None:
+    """The stop signal some rank voted for (the highest-numbered one when ranks got different signals,
+    the answer a MAX all-reduce of the signal numbers would give); None when no rank has one."""
+    voted = [signum for signum, count in zip(STOP_SIGNALS, summed_votes, strict=True) if count > 0]
+    return max(voted) if voted else None
 
 
 @contextlib.contextmanager

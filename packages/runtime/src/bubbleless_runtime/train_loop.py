@@ -116,7 +116,7 @@ def _train(config: RunConfig, *, rank: int, stop: StopRequest | None = None) -> 
     metrics = open_metrics(out, rank=rank, resume_step=trainer.step)  # out/metrics.jsonl, TensorBoard
     first = trainer.step
     while trainer.step < steps:
-        stats = trainer.train_step(data)
+        stats = trainer.train_step(data, stop=stop)  # every rank learns there whether any was signalled
         if trainer.step == first + 1:
             steady_timeouts(config)
         losses.append(stats.loss)
@@ -136,8 +136,8 @@ def _train(config: RunConfig, *, rank: int, stop: StopRequest | None = None) -> 
         every = config.train.save_every
         if every and trainer.step % every == 0 and trainer.step < steps:
             trainer.save(os.path.join(out, f"checkpoint-{trainer.step}"), keep=config.train.keep_checkpoints)
-        if stop is not None and (signum := stop.agreed(pipeline.group)):  # all ranks stop after one step
-            _stopped(config, trainer, signum, bar)
+        if stats.stop_signal is not None:  # the same on every rank: all stop after this step
+            _stopped(config, trainer, stats.stop_signal, bar)
     if bar is not None:
         bar.close()
     if metrics is not None:

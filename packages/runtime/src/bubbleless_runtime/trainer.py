@@ -26,6 +26,7 @@ from torch import nn
 from . import checkpoint
 from .collectives import all_reduce, is_distributed
 from .loss_scaling import DynamicLossScaler, ScaledLoss
+from .signals import StopRequest, agreed_signal
 
 __all__ = [
     "AUTOCAST_DTYPES", "OPTIMIZERS", "DynamicLossScaler", "ScaledLoss", "StepStats", "Trainer", "build_optimizer",
@@ -55,6 +56,10 @@ class StepStats:
     """Wall-clock seconds of the whole optimizer step on this rank."""
     skipped: bool
     """True when fp16 gradients overflowed on some rank, so no rank stepped its optimizer or schedule."""
+    stop_signal: int | None = None
+    """The stop signal (SIGTERM, SIGINT) some rank had received by the end of this step, the same on every
+    rank: the ``stop`` given to ``train_step`` rides on the step's loss all-reduce. None: no rank had one,
+    or no ``stop`` was given."""
 
 
 # precision name -> autocast dtype (None: no autocast)
@@ -148,8 +153,12 @@ class Trainer:
         self.data_position = 0
         self.shared, self.norm_owned = _shared_parameters(layers, self.params, group)
 
-    def train_step(self, data) -> StepStats:
-        """Run ``grad_accum`` pipeline steps on ``data.batch(position)`` and one optimizer step."""
+    def train_step(self, data, *, stop: StopRequest | None = None) -> StepStats:
+        """Run ``grad_accum`` pipeline steps on ``data.batch(position)`` and one optimizer step.
+
+        ``stop``: this rank's ``signals.StopRequest``, whose votes join the loss's all-reduce so that
+        ``StepStats.stop_signal`` says on every rank whether any rank was signalled (give it on every
+        rank of the group or on none: the all-reduce's length must agree)."""
         start = time.perf_counter()
         self.loss.factor = self.scaler.scale / (self.num_microbatches * self.grad_accum)
         summed, tokens = 0.0, 0
@@ -172,8 +181,9 @@ class Trainer:
                 self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        mean_loss = self._loss_everywhere(summed / self.scaler_scale_used())
-        return StepStats(self.step, mean_loss, grad_norm, lr, tokens, time.perf_counter() - start, skipped)
+        mean_loss, stop_signal = self._loss_everywhere(summed / self.scaler_scale_used(), stop)
+        return StepStats(self.step, mean_loss, grad_norm, lr, tokens, time.perf_counter() - start, skipped,
+                         stop_signal)
 
     def scaler_scale_used(self) -> float:
         """The loss scale that multiplied this step's losses (before ``unscale_and_check`` changed it)."""
@@ -218,11 +228,13 @@ class Trainer:
                     p.grad.mul_(coef)
         return norm
 
-    def _loss_everywhere(self, local: float) -> float:
-        """The loss from the rank holding the last stage, on every rank (for logging on rank 0)."""
-        value = torch.tensor(local if self.pipeline.holds_loss else 0.0, dtype=torch.float64)
+    def _loss_everywhere(self, local: float, stop: StopRequest | None) -> tuple[float, int | None]:
+        """(the loss from the rank holding the last stage, the agreed stop signal), on every rank, from one
+        all-reduce (SUM: the other ranks add 0.0 to the loss, and each its stop votes)."""
+        votes = stop.votes() if stop is not None else []
+        value = torch.tensor([local if self.pipeline.holds_loss else 0.0, *votes], dtype=torch.float64)
         all_reduce(value, dist.ReduceOp.SUM, self.group)
-        return float(value)
+        return float(value[0]), agreed_signal(value[1:].tolist()) if stop is not None else None
 
     # ---- checkpoints: one file per rank with everything this rank owns (see checkpoint.py) ----
 
