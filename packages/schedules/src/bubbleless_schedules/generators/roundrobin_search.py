@@ -3,9 +3,11 @@
 Every candidate cut (``roundrobin_cut.candidate_cuts``, or the one cut the options pin) is dispatched by
 the list scheduler (``roundrobin_dispatch``) with recompute running at most 1 micro-batch ahead; the
 ``FINALISTS`` best cuts also with 2 ahead and with the device's next job recomputing in the current
-job's waits (``next_ahead``). The list scheduler's own makespans rank them; the best ``FINALISTS``,
-weight transfers inserted, are simulated under the per-job costs the layer costs sum to, and the
-fastest within ``memory_limit`` wins (the first on a tie, so the result is deterministic).
+job's waits (``next_ahead``). The list scheduler's own makespans rank them; unless the options pin
+the cut, the best one's cut is then refined by a local search under the same look-ahead
+(``roundrobin_refine``: single-layer moves between groups, merges and splits). The best
+``FINALISTS``, weight transfers inserted, are simulated under the per-job costs the layer costs sum
+to, and the fastest within ``memory_limit`` wins (the first on a tie, so the result is deterministic).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from ..schedule import Schedule
 from ..simulate import peak_memory, simulate
 from .roundrobin_cut import candidate_cuts, job_costs
 from .roundrobin_dispatch import JobTimes, list_dispatch
+from .roundrobin_refine import refine
 
 AHEADS = (1, 2)
 """Recompute look-ahead tried by default: 1 holds one micro-batch's activations per device, as RoundPipe."""
@@ -47,7 +50,7 @@ recompute filling the current job's waits (``next_ahead``), ranked by the list
     aheads = AHEADS if ahead is None else (ahead,)
     ranked, smallest_peak = [], None
 
-    def consider(order: int, look: int, next_ahead: int = 0) -> None:
+    def consider(order: int, look: int, next_ahead: int = 0) -> float | None:
         nonlocal smallest_peak
         schedule, costs, makespan = dispatched(cuts[order], layer_costs, num_devices=num_devices,
                                                num_microbatches=num_microbatches, ahead=look,
@@ -57,8 +60,9 @@ recompute filling the current job's waits (``next_ahead``), ranked by the list
             peak = max(peak_memory(schedule))
             smallest_peak = peak if smallest_peak is None else min(smallest_peak, peak)
             if peak > memory_limit + 1e-9:
-                return
+                return None
         ranked.append((makespan, order, (look, next_ahead), schedule, costs))
+        return makespan
 
     for order in range(len(cuts)):
         consider(order, aheads[0])
@@ -75,6 +79,16 @@ recompute filling the current job's waits (``next_ahead``), ranked by the list
             f"backward_stages= and last_layers="
         )
     ranked.sort(key=lambda r: (r[0], r[1], r[2]))
+    if pinned is None:  # the cut chosen with the dispatch: a local search from the best one
+        makespan, order, (look, next_ahead) = ranked[0][:3]
+
+        def evaluate(cut: PoolGroups) -> float | None:
+            cuts.append(cut)
+            return consider(len(cuts) - 1, look, next_ahead)
+
+        refine(cuts[order], makespan, evaluate,
+               actions_per_evaluation=lambda cut: 2 * cut.num_stages * num_microbatches)
+        ranked.sort(key=lambda r: (r[0], r[1], r[2]))
     finalists = [add_weight_transfers(r[3]) if weight_transfers else r[3] for r in ranked[:FINALISTS]]
     judged = [(simulate(s, r[4]).makespan, i) for i, (s, r) in enumerate(zip(finalists, ranked, strict=False))]
     return finalists[min(judged)[1]]

@@ -1,0 +1,69 @@
+"""``roundrobin_refine``: the local search that chooses the round-robin cut together with the dispatch."""
+
+import pytest
+
+from bubbleless_schedules import Costs, generate, simulate, validate
+from bubbleless_schedules.generators import roundrobin_refine
+from bubbleless_schedules.generators.roundrobin_cut import candidate_cuts, job_costs
+from bubbleless_schedules.generators.roundrobin_refine import neighbours, refine
+from bubbleless_schedules.roundrobin_layout import PoolGroups, pool_groups
+
+
+def profile(layers: int, head: float, backward: float, comm: float = 0.1) -> Costs:
+    half = backward / 2
+    return Costs([1.0] * layers + [head], [half] * layers + [head], [half] * layers + [head], comm)
+
+
+def lower_bound(layer_costs: Costs, schedule) -> float:
+    costs = job_costs(layer_costs, pool_groups(schedule))
+    work = sum(s.end - s.start for s in simulate(schedule, costs).spans)
+    return work / schedule.num_workers
+
+
+def test_neighbours_keep_every_layer_and_move_one_step():
+    start = PoolGroups((3, 6, 3), 1, (1, 2, 3, 3, 3))
+    seen = list(neighbours(start))
+    assert len(seen) == len(set(seen)) and start not in seen
+    for cut in seen:
+        assert cut.num_layers == start.num_layers and sum(cut.forward) == sum(cut.backward)
+    assert PoolGroups((4, 5, 3), 1, (1, 2, 3, 3, 3)) in seen  # one layer across a forward boundary
+    assert PoolGroups((3, 6, 2), 2, (1, 2, 3, 3, 2)) in seen  # the body's top layer into the fused group
+    assert PoolGroups((9, 3), 1, (1, 2, 3, 3, 3)) in seen  # two forward groups merged
+    assert PoolGroups((3, 6, 3), 1, (1, 2, 3, 3, 1, 2)) in seen  # a backward group split
+
+
+def test_refine_stops_at_a_local_minimum_and_within_its_budget():
+    start, target = PoolGroups((3, 6, 3), 1, (1, 2, 3, 3, 3)), PoolGroups((3, 6, 3), 1, (3, 3, 3, 3))
+    calls = []
+
+    def evaluate(cut):  # one neighbour is better, every cut around it is worse
+        calls.append(cut)
+        return 0.0 if cut == target else 2.0
+
+    best, span = refine(start, 1.0, evaluate, actions_per_evaluation=lambda cut: 1, budget=1_000)
+    assert (best, span) == (target, 0.0)
+    assert len(calls) == list(neighbours(start)).index(target) + 1 + len(list(neighbours(target)))
+    calls.clear()
+    assert refine(start, 1.0, evaluate, actions_per_evaluation=lambda cut: 1, budget=1) == (start, 1.0)
+    assert len(calls) == 1
+
+
+def test_refined_cut_balances_a_small_model_better_than_every_cap_packed_cut(monkeypatch):
+    # 12 layers on 4 devices: five jobs of R + B, three forward jobs and the head, two or three a device
+    layer_costs = profile(12, 3.0, 2.6)
+    refined = generate("roundrobin", num_ranks=4, num_microbatches=6, layer_costs=layer_costs)
+    validate(refined)
+    span = simulate(refined, job_costs(layer_costs, pool_groups(refined))).makespan
+    assert span >= lower_bound(layer_costs, refined) - 1e-9
+    assert pool_groups(refined) not in candidate_cuts(layer_costs)
+    monkeypatch.setattr(roundrobin_refine, "ACTION_BUDGET", 0)
+    packed = generate("roundrobin", num_ranks=4, num_microbatches=6, layer_costs=layer_costs)
+    packed_span = simulate(packed, job_costs(layer_costs, pool_groups(packed))).makespan
+    assert span < packed_span * 0.97, (span, packed_span)
+
+
+@pytest.mark.parametrize("pinned", [{"forward_stages": [6, 5], "last_layers": 2, "backward_stages": [3, 3, 3, 2]}])
+def test_a_pinned_cut_is_not_refined(pinned):
+    layer_costs = profile(12, 3.0, 2.6)
+    ours = generate("roundrobin", num_ranks=4, num_microbatches=6, layer_costs=layer_costs, **pinned)
+    assert pool_groups(ours) == PoolGroups((6, 5), 2, (3, 3, 3, 2))
