@@ -2,6 +2,8 @@
 model applying each step's gradients one step late; accumulation, drain, errors, bad options."""
 
 import copy
+import os
+import sys
 
 import pytest
 import torch
@@ -189,3 +191,44 @@ def test_rt_pool_bad_optimizer_options_say_what_to_change(options, message):
     with pytest.raises(ValueError, match=message):
         RoundRobinPipeline(tiny_model(5), devices=["cpu"] * 2, num_microbatches=2, loss_fn=tiny_loss_fn,
                            partition=PoolGroups((2,), 3, (2,)), optimizer={"lr": 1e-3, **options}, timeout=60)
+
+
+def test_rt_pool_async_lora_on_a_tiny_qwen3_equals_adamw_applying_gradients_one_step_late():
+    pytest.importorskip("transformers")
+    pytest.importorskip("peft")
+    sys.path.insert(0, os.path.dirname(__file__))  # the Hugging Face helpers beside this file
+    from test_rt_pool_hf import CUT as HF_CUT
+    from test_rt_pool_hf import M, _batch, _models, _reference, _trainable
+
+    piped, masters = _models("qwen3", lora=True)
+    running = copy.deepcopy(masters)
+    options = {"name": "adamw", "lr": 3e-3, "betas": (0.9, 0.95), "weight_decay": 0.01, "max_grad_norm": 1.0}
+    pipe = RoundRobinPipeline(piped.layers, devices=["cpu"] * 3, num_microbatches=M, loss_fn=piped.loss_fn,
+                              partition=HF_CUT, optimizer={**options, "asynchronous": True}, timeout=120)
+    assert all(hp.spare_working is None for hp in pipe.store.params if not hp.trainable)  # frozen: one copy
+    frozen = {n: p.detach().clone() for n, p in piped.model.named_parameters() if not p.requires_grad}
+    params = [p for _, p in _trainable(masters)]
+    plain = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.01},
+                               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+                              lr=3e-3, betas=(0.9, 0.95))
+    for seed in (1, 2, 3):
+        ids, labels = _batch(seed)
+        pipe.step(ids, labels)
+        for _, p in _trainable(running):
+            p.grad = None
+        _reference(running, ids, labels)
+        next_weights = [p.detach().clone() for p in params]
+        for (_, p), (_, r) in zip(_trainable(masters), _trainable(running), strict=True):
+            p.grad = r.grad.clone()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        plain.step()
+        plain.zero_grad()
+        with torch.no_grad():
+            for (_, r), w in zip(_trainable(running), next_weights, strict=True):
+                r.copy_(w)
+        got, want = dict(_trainable(piped)), dict(_trainable(running))
+        assert max(relative_error(got[n].detach(), want[n].detach()) for n in want) <= 1e-5
+    pipe.synchronize()
+    got, want = dict(_trainable(piped)), dict(_trainable(masters))
+    assert max(relative_error(got[n].detach(), want[n].detach()) for n in want) <= 1e-5
+    assert all(torch.equal(p, frozen[n]) for n, p in piped.model.named_parameters() if not p.requires_grad)
