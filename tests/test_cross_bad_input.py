@@ -28,7 +28,7 @@ CONFIG_CASES = [
     ("optimizer: {betas: [0.9, 1.0]}", r"optimizer\.betas must be two numbers in \[0, 1\)"),
     ("optimizer: {betas: [-0.1, 0.9]}", r"optimizer\.betas must be two numbers in \[0, 1\)"),
     ("optimizer: {betas: [0.9, 0.95, 0.99]}", r"optimizer\.betas must be two numbers"),
-    ("optimizer: {max_grad_norm: -1}", r"optimizer\.max_grad_norm must be a finite number > 0 \(or 0: no clipping\)"),
+    ("optimizer: {max_grad_norm: -1}", r"optimizer\.max_grad_norm must be a finite number > 0 \(or 0 / null: no clipping\)"),
     ("optimizer: {max_grad_norm: .nan}", r"optimizer\.max_grad_norm must be a finite number > 0"),
     ("optimizer: {warmup_steps: -4}", r"optimizer\.warmup_steps must be 0 \(no warmup\) or more, got -4"),
     ("train: {save_every: -5}", r"train\.save_every must be a positive step count, or 0 / null .* got -5"),

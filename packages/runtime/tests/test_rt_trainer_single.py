@@ -97,6 +97,24 @@ def test_clipping_uses_the_global_norm_and_bounds_it():
         torch.testing.assert_close(p.grad, q.grad)
 
 
+@pytest.mark.parametrize("text", ["optimizer: {max_grad_norm: 0}\n", "optimizer: {max_grad_norm: null}\n"])
+def test_max_grad_norm_0_or_null_measures_the_norm_and_clips_nothing(text):
+    """As 0 in Hugging Face's TrainingArguments (torch's clip_grad_norm_(max_norm=0) would zero the grads)."""
+    from bubbleless_runtime.config import load_config
+    from bubbleless_runtime.config_checks import validate
+
+    max_grad_norm = validate(load_config(text=text)).optimizer.max_grad_norm
+    assert max_grad_norm in (0.0, None)
+    trainer = make_trainer(max_grad_norm=max_grad_norm)
+    trainer.loss.factor = 1.0 / 2
+    trainer.pipeline.step(*TASK.batch(0))
+    before = [p.grad.clone() for p in trainer.params]
+    norm = trainer._clip()
+    assert norm == pytest.approx(math.sqrt(sum(float(g.double().pow(2).sum()) for g in before)), rel=1e-6)
+    assert norm > 1e-3  # so a clip to any small norm would have changed the gradients
+    assert all(torch.equal(p.grad, g) for p, g in zip(trainer.params, before, strict=True))
+
+
 def test_tied_embedding_counted_once():
     trainer = make_trainer(tie_word_embeddings=True)
     embed = trainer.pipeline.modules[0].embed_tokens.weight

@@ -190,8 +190,10 @@ class OptimizerConfig:
     """Steps of linear warmup from 0 to ``lr``."""
     min_lr_ratio: float = 0.1
     """Learning rate at the end of the cosine decay, as a fraction of ``lr``."""
-    max_grad_norm: float = 1.0
-    """Clip the global gradient norm (over all ranks) to this (a finite number > 0); 0 disables clipping."""
+    max_grad_norm: float | None = 1.0
+    """Clip the global gradient norm (over all ranks) to this (a finite number > 0). 0 or null: no clipping
+    (the norm is still measured and logged), as 0 means in Hugging Face's ``TrainingArguments`` (unlike
+    ``torch.nn.utils.clip_grad_norm_(max_norm=0)``, which zeroes every gradient)."""
 
 
 @dataclass(kw_only=True)

@@ -127,9 +127,9 @@ def check_optimizer(config: RunConfig) -> None:
         raise ValueError(f"optimizer.warmup_steps must be 0 (no warmup) or more, got {o.warmup_steps}")
     if not _finite(o.min_lr_ratio) or not 0 <= o.min_lr_ratio <= 1:
         raise ValueError(f"optimizer.min_lr_ratio is a fraction of optimizer.lr in [0, 1], got {o.min_lr_ratio!r}")
-    if not _finite(o.max_grad_norm) or o.max_grad_norm < 0:
+    if o.max_grad_norm is not None and (not _finite(o.max_grad_norm) or o.max_grad_norm < 0):
         raise ValueError(
-            f"optimizer.max_grad_norm must be a finite number > 0 (or 0: no clipping), got {o.max_grad_norm!r}"
+            f"optimizer.max_grad_norm must be a finite number > 0 (or 0 / null: no clipping), got {o.max_grad_norm!r}"
         )
 
 

@@ -119,6 +119,8 @@ class Trainer:
     ``layers``: the whole model's layer list as built on every rank (used to find parameters shared
     between ranks). ``loss``: the ``ScaledLoss`` given to the pipeline. ``group``: the pipeline's
     process group (None: the default group, or no group when torch.distributed is not initialised).
+    ``max_grad_norm``: the global norm gradients are clipped to; 0 or None: no clipping (as 0 in Hugging
+    Face's ``TrainingArguments``; the norm is measured and reported either way).
     ``autocast_device``: the device type bf16/fp16 autocast is entered for (None: the inputs' device).
     A ``RoundRobinPipeline`` is one rank holding every (host-resident) parameter; its inputs stay on the
     host while its devices compute, so give it the devices' type.
@@ -134,7 +136,7 @@ class Trainer:
         scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
         num_microbatches: int,
         grad_accum: int = 1,
-        max_grad_norm: float = 0.0,
+        max_grad_norm: float | None = 0.0,
         precision: str = "fp32",
         group=None,
         autocast_device: str | None = None,
@@ -221,7 +223,7 @@ class Trainer:
                 squares += p.grad.detach().double().pow(2).sum().cpu()
         all_reduce(squares, dist.ReduceOp.SUM, self.group)
         norm = float(squares.sqrt())
-        if self.max_grad_norm > 0 and norm > self.max_grad_norm:
+        if self.max_grad_norm and norm > self.max_grad_norm:  # 0 or None: no clipping
             coef = self.max_grad_norm / (norm + 1e-6)
             for p in self.params:
                 if p.grad is not None:
