@@ -60,7 +60,12 @@ class _DeferredLinear(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_x = grad_out.matmul(weight.to(grad_out.dtype)).to(x.dtype)
 
-        def weight_grad(g=grad_out, x=x) -> None:
+        # Detached: W runs outside autograd's backward, where grad mode is on; a ``g^T x`` of tensors
+        # that carry history would record a graph on ``.grad`` and keep every micro-batch's x and g
+        # alive through it until the gradients are dropped (``run_weight_grads`` also turns grad off).
+        g, x = grad_out.detach(), x.detach()
+
+        def weight_grad() -> None:
             g2 = g.reshape(-1, g.shape[-1])
             if weight.requires_grad:
                 x2 = x.reshape(-1, x.shape[-1]).to(g2.dtype)
@@ -101,7 +106,8 @@ class defer_weight_grads(TorchFunctionMode):  # noqa: N801 - used like a functio
 
 
 def run_weight_grads(queue: WeightGradQueue) -> None:
-    """W: run and drop the queued weight-gradient closures."""
-    for weight_grad in queue:
-        weight_grad()
-    queue.clear()
+    """W: run and drop the queued weight-gradient closures, each dropped (with the x and g it holds) as
+    soon as it has run. Without grad mode: a gradient is a plain tensor, never a node of a graph."""
+    with torch.no_grad():
+        while queue:
+            queue.pop(0)()
