@@ -42,8 +42,10 @@ link, STORE = its gradients back), and keeps the cut whose simulated step is sho
   so the step is max(compute, optimizer) plus the serial hand-off (swap the accumulators, start the
   thread, swap the working buffers in: pointer swaps, ``HAND_OFF_S_PER_LAYER`` per layer, measured on the
   build VM). The synchronous step (``RoundRobinPipeline``'s default: compute, then the optimizer) is in
-  the notes and ``details["sync_step_s"]``. On a ``cpu`` profile the "devices" are the host's own cores,
-  which the optimizer thread would share, so nothing overlaps there: step = compute + optimizer. The
+  the notes and ``details["sync_step_s"]``. On a ``cpu`` profile the prediction is the synchronous step:
+  the measured CPU runs it is calibrated against (bench/measured) use the synchronous optimizer, and
+  there the thread shares the cores the "devices" compute on, which the model does not price (measured
+  on the build VM it hid all of a step shorter than the compute: bench/results/async_overlap.md). The
   thread's DRAM traffic is assumed to fit beside the GPUs' copies (``POOL_DMA_SHARE`` leaves half the
   bandwidth to the CPU, the profile's fused rate assumes half).
 - peak memory per GPU: the weights of two consecutive jobs on it (the current and the prefetched), plus
@@ -322,7 +324,7 @@ def roundrobin(point: Point) -> Prediction:
         f"{bandwidth:.1f} GB/s per GPU",
         f"one-step-stale optimizer (asynchronous=True, RoundPipe's default; the headline): step "
         f"{step:.2f} s = max(compute {compute:.2f}, CPU AdamW {optimizer:.2f}) + hand-off {hand_off * 1e3:.1f} ms"
-        + ("" if overlaps else " (not overlapped: a cpu profile's devices are the host cores)")
+        + ("" if overlaps else " (a cpu profile: the synchronous step is the prediction)")
         + f", {point.tokens / step:,.0f} tokens/s",
         f"synchronous optimizer (RoundRobinPipeline's default): step {sync_step:.2f} s = compute + CPU AdamW, "
         f"{point.tokens / sync_step:,.0f} tokens/s",
