@@ -207,3 +207,31 @@ def test_the_fp16_loss_scaler_and_bad_settings_are_refused_with_what_to_change()
     AsyncHostOptimizer(HostStore(tied_layers(), pin_memory=False), loss_scaler=DynamicLossScaler(enabled=False))
     with pytest.raises(ValueError, match="call double_buffer"):
         store.swap_grads()
+
+
+def test_an_interpreter_exiting_mid_update_finishes_the_update_first(tmp_path):
+    """The thread is not a daemon: ``python`` returns only after the update in flight wrote its result."""
+    import subprocess
+    import sys
+    import textwrap
+
+    marker = tmp_path / "finished"
+    script = textwrap.dedent(f"""
+        import time, torch
+        from torch import nn
+        from bubbleless_offload import HostStore
+        from bubbleless_offload.host_optimizer_async import AsyncHostOptimizer
+        store = HostStore([nn.Linear(4, 4)], pin_memory=False)
+        optimizer = AsyncHostOptimizer(store, name="sgd", lr=1.0)
+        step = optimizer._stepper.step
+        def slow_step():
+            time.sleep(1.0)  # still running when the main thread ends
+            step()
+            open({str(marker)!r}, "w").write(str(float(store.trainable[0].spare_working.sum())))
+        optimizer._stepper.step = slow_step
+        store.trainable[0].grad.fill_(1.0)
+        optimizer.step()
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert marker.exists()  # the update ran to its end before the interpreter went
