@@ -232,3 +232,20 @@ def test_rt_pool_async_lora_on_a_tiny_qwen3_equals_adamw_applying_gradients_one_
     got, want = dict(_trainable(piped)), dict(_trainable(masters))
     assert max(relative_error(got[n].detach(), want[n].detach()) for n in want) <= 1e-5
     assert all(torch.equal(p, frozen[n]) for n, p in piped.model.named_parameters() if not p.requires_grad)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU: pinned back buffers, real streams")
+def test_rt_pool_async_on_a_gpu_uploads_from_pinned_back_buffers_and_equals_the_delayed_reference():
+    model = tiny_model(7)
+    reference = DelayedReference(tiny_model(7))
+    pipe = RoundRobinPipeline(model, devices=["cuda:0"] * 2, num_microbatches=4, loss_fn=tiny_loss_fn,
+                              partition=CUT, optimizer={**SETTINGS, "asynchronous": True}, timeout=120)
+    assert all(hp.spare_working.is_pinned() and hp.param.data.is_pinned() for hp in pipe.store.trainable)
+    for seed in (1, 2, 3):
+        inputs, targets = tiny_batch(8, seed=seed)
+        pipe.step(inputs, targets)
+        reference.step(inputs, targets)
+        _assert_weights(model, reference.running, tolerance=1e-4)  # GPU matmuls round differently
+        assert all(hp.param.data.is_pinned() for hp in pipe.store.trainable)  # the swapped-in buffer too
+    pipe.synchronize()
+    _assert_weights(model, reference.masters, tolerance=1e-4)
