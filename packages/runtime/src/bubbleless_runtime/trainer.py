@@ -183,7 +183,7 @@ class Trainer:
                 self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        mean_loss, stop_signal = self._loss_everywhere(summed / self.scaler_scale_used(), stop)
+        mean_loss, stop_signal = self._loss_and_stop_everywhere(summed / self.scaler_scale_used(), stop)
         return StepStats(self.step, mean_loss, grad_norm, lr, tokens, time.perf_counter() - start, skipped,
                          stop_signal)
 
@@ -230,7 +230,11 @@ class Trainer:
                     p.grad.mul_(coef)
         return norm
 
-    def _loss_everywhere(self, local: float, stop: StopRequest | None) -> tuple[float, int | None]:
+    def _loss_everywhere(self, local: float) -> float:
+        """The loss from the rank holding the last stage, on every rank (``data_eval``'s loss too)."""
+        return self._loss_and_stop_everywhere(local, None)[0]
+
+    def _loss_and_stop_everywhere(self, local: float, stop: StopRequest | None) -> tuple[float, int | None]:
         """(the loss from the rank holding the last stage, the agreed stop signal), on every rank, from one
         all-reduce (SUM: the other ranks add 0.0 to the loss, and each its stop votes)."""
         votes = stop.votes() if stop is not None else []
