@@ -20,6 +20,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="one round of 3 timed steps after 1 warm-up, no longest-sequence search")
     parser.add_argument("--no-longest", action="store_true", help="skip the longest-sequence search")
     parser.add_argument("--no-calibration", action="store_true", help="skip the modelled-vs-measured table")
+    parser.add_argument("--memory-seq", type=int, default=4096,
+                        help="sequence of the per-rank memory section (bench/measured/memory.py); 0: skip it")
     parser.add_argument("--out", type=Path, default=RESULTS, help="markdown path (JSON beside it)")
     return parser.parse_args(argv)
 
@@ -58,13 +60,20 @@ def main(argv=None) -> int:
             for name in scenario.systems:
                 if "error" not in systems[name]:
                     longest[name] = longest_sequence(scenario, name, progress=bar)
+    memory = None
+    pipelines = [s for s in ("zbv", "bubbleless-1f1b", "1f1b") if s in scenario.systems]
+    if pipelines and args.memory_seq and not args.quick:
+        from .memory import breakdown
+
+        memory = breakdown(scenario, args.memory_seq, pipelines)
     calibration = None
     if not args.no_calibration:
         from .calibration import calibration_section
 
         calibration = calibration_section(scenario, systems)
     command = "python -m bench.measured " + " ".join(argv if argv is not None else sys.argv[1:])
-    md, js = write(scenario, systems, longest, args.out, calibration=calibration, command=command.strip())
+    md, js = write(scenario, systems, longest, args.out, calibration=calibration, command=command.strip(),
+                   memory=memory)
     print(f"wrote {md} and {js}")
     print(md.read_text())
     return 0 if all("error" not in r for r in systems.values()) else 1

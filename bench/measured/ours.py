@@ -11,12 +11,14 @@ SCHEDULE_OF = {"bubbleless-1f1b": "1f1b", "zb": "zb", "zbv": "zbv"}
 """Measured name -> our schedule name (``1f1b`` alone is torch's baseline)."""
 
 
-def stage_bound(rank: int, scenario: Scenario, *, system: str, steps: int, warmup: int, seq_len: int) -> dict:
+def stage_bound(rank: int, scenario: Scenario, *, system: str, steps: int, warmup: int, seq_len: int,
+                interpreter=None) -> dict:
+    """``interpreter``: the executor's handler table (default its own; ``bench.measured.memory`` wraps it)."""
     from bubbleless_runtime import Pipeline
 
     loss_fn = TokenLoss(scenario.global_batch * seq_len)
     pipe = Pipeline(make_layers(scenario), schedule=SCHEDULE_OF[system], num_microbatches=scenario.microbatches,
-                    loss_fn=loss_fn, trace=False)
+                    loss_fn=loss_fn, trace=False, interpreter=interpreter)
     optimizer = adamw(list(pipe.parameters()), scenario)
 
     def step(i: int):
