@@ -85,7 +85,7 @@ def test_cross_modelled_figure_snapshot():
     assert {k: p.max_seq_len for k, p in figures.items()} == {
         "zero-infinity": 11887, "zero2": 10011, "fsdp-offload": 11887, "1f1b": 6611}
     small = predict("roundrobin", SMALL)
-    assert (round(small.tokens_per_s), small.max_seq_len) == (1556, 932721)
+    assert (round(small.tokens_per_s), small.max_seq_len) == (5787, 932721)  # one-step-stale optimizer
 
 
 def test_cross_modelled_a_measured_runner_plugs_in_under_the_same_name():

@@ -65,10 +65,9 @@ def _ratio(a: Prediction, b: Prediction | None) -> str:
     return f"{a.tokens_per_s / b.tokens_per_s:.2f}x"
 
 
-def _stale(p: Prediction) -> float:
-    """tokens/s with the one-step-stale optimizer (the round-robin prediction's note)."""
-    compute, optimizer = p.details["compute_s"], p.details["optimizer_s"]
-    return p.tokens_per_s * p.step_s / max(compute, optimizer)
+def _synchronous(p: Prediction) -> float:
+    """Round-robin tokens/s with the synchronous host optimizer (the prediction's ``sync_step_s``)."""
+    return p.tokens_per_s * p.step_s / p.details["sync_step_s"]
 
 
 def hardware_table(grid: Grid, hw: str, gpus: int = 8) -> list[str]:
@@ -81,21 +80,22 @@ def hardware_table(grid: Grid, hw: str, gpus: int = 8) -> list[str]:
 
 
 def headline(grid: Grid, hw: str = "rtx4090", gpus: int = 8) -> list[str]:
-    lines = ["| model | roundrobin tokens/s | best baseline | its tokens/s | ratio | ratio, one-step-stale optimizer | "
+    lines = ["| model | roundrobin tokens/s (one-step-stale optimizer) | best baseline | its tokens/s | ratio | "
+             "ratio, synchronous optimizer | "
              "roundrobin longest seq | longest baseline seq |", "|---|---|---|---|---|---|---|---|"]
     for model in MODELS:
         ours, best = grid.get("roundrobin", model, hw, gpus), grid.best_baseline(model, hw, gpus)
         longest = max((grid.get(s, model, hw, gpus).max_seq_len for s in BASELINES), default=0)
-        stale = f"{_stale(ours) / best.tokens_per_s:.2f}x" if best and ours.fits else "-"
+        sync = f"{_synchronous(ours) / best.tokens_per_s:.2f}x" if best and ours.fits else "-"
         lines.append(
             f"| {shape(model).name} | {_tps(ours)} | {best.system if best else 'none fits'} | "
-            f"{_tps(best) if best else '-'} | {_ratio(ours, best)} | {stale} | {_seq(ours)} | {longest:,} |"
+            f"{_tps(best) if best else '-'} | {_ratio(ours, best)} | {sync} | {_seq(ours)} | {longest:,} |"
         )
     return lines
 
 
 def roundrobin_breakdown(grid: Grid, hw: str = "rtx4090", gpus: int = 8) -> list[str]:
-    lines = ["| model | step (s) | simulated compute + transfers (s) | CPU AdamW after it (s) | fused last group "
+    lines = ["| model | step (s) | simulated compute + transfers (s) | CPU AdamW, overlapped (s) | fused last group "
              "alone, one GPU (s) | all jobs' work spread evenly (s) | baseline step (s) |",
              "|---|---|---|---|---|---|---|"]
     for model in MODELS:
@@ -144,30 +144,31 @@ def _verdict(grid: Grid) -> str:
         if best is None or not ours.fits:
             parts.append(f"{shape(model).name}: no ratio")
             continue
-        ratio, stale = ours.tokens_per_s / best.tokens_per_s, _stale(ours) / best.tokens_per_s
-        parts.append(f"{shape(model).name} {ratio:.2f}x ({stale:.2f}x stale) over {best.system}")
+        ratio, sync = ours.tokens_per_s / best.tokens_per_s, _synchronous(ours) / best.tokens_per_s
+        parts.append(f"{shape(model).name} {ratio:.2f}x ({sync:.2f}x synchronous) over {best.system}")
     met = all(p.split()[1].endswith("x") and float(p.split()[1][:-1]) >= 2 for p in parts if "no ratio" not in p)
     return (f"**The goal (>= 2x the best baseline, 1.7B-32B) is {'met' if met else 'NOT met'} in this model:** "
             + "; ".join(parts) + ".")
 
 
 WHY = [
-    "The 235B LoRA ratio is large because ZeRO-3 gathers 470 GB of frozen weights through host memory "
-    "every micro-batch pass. Three things cost round-robin most, visible in the table above: (1) our runtime steps `torch.optim.AdamW` on the CPU after the last "
-    "gradient (synchronous), priced at an assumed 1.7e9 params/s on the server (a quarter of a fused, "
-    "memory-bound CPU Adam; this VM measured torch's at 5.4x below fused), while the baselines use "
-    "DeepSpeed's fused CPU-Adam or keep Adam on the GPU; RoundPipe's default one-step-stale step would hide "
-    "it (the 'stale' column). (2) One pool step runs the fused last group (the LM head, 6 decoder layers' "
-    "worth of FLOPs for Qwen3-1.7B) over every micro-batch on one GPU, so it bounds the step the way the "
-    "LM-head stage bounds 1F1B; splitting the batch into several pool steps moves the head between GPUs "
-    "but pays a ramp each time, and the model found no split faster. (3) Backward groups recompute their "
-    "forward (a third more FLOPs) and each job's upload is serialised with its compute in the simulator "
-    "(pessimistic): compare 'all jobs' work spread evenly' with the baseline's step for what balance alone "
-    "could gain. The baselines are modelled "
-    "generously (transfers perfectly overlapped with compute, no hook or launch overhead), which RoundPipe's "
-    "measured baselines did not enjoy; calibrated on CPU only (bench/results/measured.md), not on a GPU. Longest sequence: "
-    "round-robin is far ahead of every baseline on every model, since it keeps one layer's activations "
-    "and a 4,096-token loss chunk on a GPU where the others keep every layer's checkpoint and whole logits.",
+    "The round-robin headline runs the host optimizer one step stale (`RoundRobinPipeline(optimizer={..., "
+    "'asynchronous': True})`, RoundPipe's default; our default is synchronous, the 'synchronous' column): "
+    "iteration i+1 computes on the weights before iteration i's update while torch's fused CPU AdamW "
+    "(bench/results/cpu_adam.md: 4.6x torch's default kernel on the build VM) applies it, so the CPU step "
+    "hides behind the compute (bench/results/async_overlap.md measures that on CPU devices). The baselines "
+    "are synchronous. The 235B LoRA ratio is large because ZeRO-3 gathers 470 GB of frozen weights through "
+    "host memory every micro-batch pass. What still costs round-robin most, visible in the table above: (1) one "
+    "pool step runs the fused last group (the LM head, 6 decoder layers' worth of FLOPs for Qwen3-1.7B) over "
+    "every micro-batch on one GPU, so it bounds the step the way the LM-head stage bounds 1F1B; splitting "
+    "the batch into several pool steps moves the head between GPUs but pays a ramp each time. (2) Backward "
+    "groups recompute their forward (a third more FLOPs) and each job's upload is serialised with its "
+    "compute in the simulator (pessimistic): compare 'all jobs' work spread evenly' with the baseline's step "
+    "for what balance alone could gain. The baselines are modelled generously (transfers perfectly "
+    "overlapped with compute, no hook or launch overhead), which RoundPipe's measured baselines did not "
+    "enjoy; calibrated on CPU only (bench/results/measured.md), not on a GPU. Longest sequence: round-robin "
+    "is far ahead of every baseline on every model, since it keeps one layer's activations and a 4,096-token "
+    "loss chunk on a GPU where the others keep every layer's checkpoint and whole logits.",
 ]
 
 

@@ -4,12 +4,13 @@ The pieces the round-robin (RoundPipe-style) executor is built from: ``HostStore
 fp32 masters and gradient accumulators in host memory), ``DeviceWeights`` (a job's layers uploaded to
 a device and their gradients stored back), ``DeviceStreams`` and events, ``MemoryBudget``, activation
 transfers (``to_host``/``to_device``), ``PinnedPool``, and the CPU ``HostOptimizer`` with its
-``DynamicLossScaler``. Importing it touches no device and creates no tensor.
+``DynamicLossScaler`` (``AsyncHostOptimizer``: the same step run one iteration stale on a thread). Importing it touches no device and creates no tensor.
 """
 
 from .activations import to_device, to_host
 from .device_weights import DeviceWeights, LoadedJob
 from .host_optimizer import OPTIMIZERS, HostOptimizer, HostStepResult
+from .host_optimizer_async import AsyncHostOptimizer
 from .host_store import HostParam, HostStore
 from .loss_scaler import DynamicLossScaler
 from .memory_budget import DeviceOutOfMemory, MemoryBudget, format_bytes
@@ -19,7 +20,7 @@ from .streams import CpuEvent, CpuStream, DeviceStreams, stream_context
 
 __version__ = "0.1.0"
 __all__ = [
-    "OPTIMIZERS", "CpuEvent", "CpuStream", "DeviceOutOfMemory", "DeviceStreams", "DeviceWeights",
+    "OPTIMIZERS", "AsyncHostOptimizer", "CpuEvent", "CpuStream", "DeviceOutOfMemory", "DeviceStreams", "DeviceWeights",
     "DynamicLossScaler", "HostOptimizer", "HostParam", "HostStepResult", "HostStore", "LoadedJob",
     "MemoryBudget", "PinnedPool", "format_bytes", "mmap_safetensors", "stream_context", "to_device", "to_host",
 ]

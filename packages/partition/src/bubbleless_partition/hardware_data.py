@@ -19,8 +19,10 @@ Conventions, written once:
   memory channels (channels x MT/s x 8 bytes). ``cpu_adam_fused_params_per_s`` (DeepSpeed's vectorised
   CPU-Adam) is priced memory-bound: Adam over fp32 masters reads param, grad, m, v (16 bytes) and writes
   param, m, v and a 16-bit copy (14 bytes), 30 bytes per parameter, at an assumed 50% of peak DRAM
-  bandwidth. ``cpu_adam_params_per_s`` (``torch.optim.AdamW`` on the CPU, what our host optimizer and
-  FSDP's CPU offload run) is the fused rate over 4.0, an assumed ratio: torch's CPU AdamW makes about a
+  bandwidth; our host optimizer (``bubbleless_offload.HostOptimizer``) runs torch's fused CPU AdamW, which
+  the build VM measured at 1.2x DeepSpeedCPUAdam (``bench/results/cpu_adam.md``), so it is priced at this
+  rate too. ``cpu_adam_params_per_s`` (``torch.optim.AdamW``'s default kernel on the CPU, what FSDP's CPU
+  offload runs) is the fused rate over 4.0, an assumed ratio: torch's CPU AdamW makes about a
   dozen elementwise passes where the fused kernel makes one, and the ZeRO-Offload paper (Ren et al.,
   USENIX ATC 2021) reports its CPU-Adam several times faster than PyTorch's CPU Adam. The
   ``cpu`` profile measured on a machine (``bench/model.py --measure-cpu``) measures torch's directly: on
