@@ -61,7 +61,7 @@ def main(argv=None) -> int:
                 if "error" not in systems[name]:
                     longest[name] = longest_sequence(scenario, name, progress=bar)
     memory = None
-    pipelines = [s for s in ("zbv", "bubbleless-1f1b", "1f1b") if s in scenario.systems]
+    pipelines = [s for s in ("zbv", "zbv-mem", "bubbleless-1f1b", "1f1b") if s in scenario.systems]
     if pipelines and args.memory_seq and not args.quick:
         from .memory import breakdown
 

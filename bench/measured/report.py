@@ -15,7 +15,7 @@ import yaml
 
 from .scenario import Scenario
 
-OURS = ("zbv", "zb", "bubbleless-1f1b", "roundrobin")
+OURS = ("zbv", "zb", "bubbleless-1f1b", "roundrobin", "zbv-mem")
 SAME_MEMORY = 1.05
 """zbv's peak RSS growth may be this many times 1F1B's and still count as the same memory (run-to-run
 noise of the yardstick on this machine is a few percent)."""

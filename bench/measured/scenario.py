@@ -12,9 +12,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-KNOWN_SYSTEMS = ("zbv", "zb", "bubbleless-1f1b", "1f1b", "roundrobin", "zero-infinity", "zero2", "fsdp-offload", "ddp")
+KNOWN_SYSTEMS = ("zbv", "zb", "bubbleless-1f1b", "1f1b", "roundrobin", "zero-infinity", "zero2", "fsdp-offload", "ddp",
+                 "zbv-mem")
 """Measured systems; names match the modelled registry (``1f1b`` is torch's Schedule1F1B, ours is
-``bubbleless-1f1b``), ``ddp`` is plain data parallel (torch DistributedDataParallel)."""
+``bubbleless-1f1b``), ``ddp`` is plain data parallel (torch DistributedDataParallel); ``zbv-mem`` is
+zbv on the cut that gives each rank 1F1B's decoder layers (``ours.memory_cut``), not the even one."""
 
 
 @dataclass(frozen=True, kw_only=True)
