@@ -162,3 +162,22 @@ def test_next_job_recompute_fills_waits_within_its_own_slots():
     assert any(a.kind.value == "R" and any(b.kind.value == "B" and b.stage < a.stage for b in row[i + 1:])
                for row in early.actions for i, a in enumerate(row))
     assert max(peak_memory(early)) > max(peak_memory(plain))  # the price: the next job's activations
+
+
+def test_a_paced_forward_job_recomputes_its_devices_next_job_in_its_waits():
+    from bubbleless_schedules.generators.roundrobin_search import dispatched
+
+    # forward job 1 (one layer) is paced by job 0 (four layers) upstream: it waits 4 of every 5 units;
+    # device 1's next job (3: the top backward group) reads layer 5's input, which job 1 itself makes
+    layer_costs = profile(8, 2.0, 2.2, comm=0.0)
+    groups = PoolGroups((4, 3), 1, (2, 2, 3))
+    ours, costs, _ = dispatched(groups, layer_costs, num_devices=2, num_microbatches=6, ahead=1, next_ahead=6,
+                                weight_transfers=False)
+    validate(ours)
+    row = ours.actions[1]
+    last_forward = max(i for i, a in enumerate(row) if a.stage == 1)
+    assert any(a.stage == 3 and a.kind.value == "R" for a in row[:last_forward])
+    plain, plain_costs, _ = dispatched(groups, layer_costs, num_devices=2, num_microbatches=6, ahead=1,
+                                       weight_transfers=False)
+    assert simulate(ours, costs).makespan < simulate(plain, plain_costs).makespan
+    assert simulate(ours, costs).makespan >= sum(s.end - s.start for s in simulate(ours, costs).spans) / 2

@@ -20,7 +20,8 @@ it is free, from what has happened so far (a discrete-event run in time order):
 Jobs (one stage over all micro-batches, or over one round with ``round_size``) are dealt in execution
 order to the first device that has none (at time 0: job d to device d); with ``next_ahead`` job k goes
 to device k mod N instead, so a device knows its next job and can recompute it in the current job's
-waits. A device whose current backward job waits takes its next backward job early, for its R only,
+waits: a device whose current job waits (forward, fused or backward: a forward job paced by a larger
+group upstream waits between its micro-batches too) takes its next backward job early, for its R only,
 so at most two jobs' weights are ever needed on a device. Activation memory: a device holds at most
 ``ahead`` micro-batches of its current group and ``max(ahead - 1, next_ahead)`` of its next (1 and 0:
 RoundPipe's one at a time). The simulator judges the result; this only chooses the order.
@@ -101,11 +102,11 @@ def list_dispatch(groups: PoolGroups, times: JobTimes, num_devices: int, num_mic
                 found.append((done_f[job][mine[b]][0], 0, unit, gradient, mine[b]))
             elif f < len(mine):
                 found.append((input_of(job, mine[f], device), 1, unit, Kind.F, mine[f]))
-            return found
-        if b < r:
-            found.append((arrival(done_g[job - 1][mine[b]], device), 0, unit, gradient, mine[b]))
-        if held[unit] < ahead and r < len(mine):
-            found.append((input_of(job, mine[r], device), 2, unit, Kind.R, mine[r]))
+        else:
+            if b < r:
+                found.append((arrival(done_g[job - 1][mine[b]], device), 0, unit, gradient, mine[b]))
+            if held[unit] < ahead and r < len(mine):
+                found.append((input_of(job, mine[r], device), 2, unit, Kind.R, mine[r]))
         for other in taken[device][1:]:  # the next job: R into slots of its own (no deadlock on shared ones)
             other_job, other_mbs = units[other]
             nr = progress[other][1]
@@ -146,7 +147,7 @@ def list_dispatch(groups: PoolGroups, times: JobTimes, num_devices: int, num_mic
         found = candidates(device)
         startable = [c for c in found if c[0] is not None and c[0] <= now + 1e-12]
         current = units[taken[device][0]]
-        early = next_ahead > 0 and roles[current[0]] == "backward" or ahead > 1 and roles[current[0]] == "backward" \
+        early = next_ahead > 0 or ahead > 1 and roles[current[0]] == "backward" \
             and progress[taken[device][0]][1] == len(current[1])
         if not startable and early and len(taken[device]) == 1 and upcoming(device) is not None \
                 and roles[units[upcoming(device)][0]] == "backward" and take(device):

@@ -3,7 +3,8 @@
 Every candidate cut (``roundrobin_cut.candidate_cuts``, or the one cut the options pin) is dispatched by
 the list scheduler (``roundrobin_dispatch``) with recompute running at most 1 micro-batch ahead; the
 ``FINALISTS`` best cuts also with 2 ahead and with the device's next job recomputing in the current
-job's waits (``next_ahead``). The list scheduler's own makespans rank them; unless the options pin
+job's waits (``next_ahead``; not when the options pin ``recompute_ahead``, which bounds what a device
+recomputes before its backward). The list scheduler's own makespans rank them; unless the options pin
 the cut, the best one's cut is then refined by a local search under the same look-ahead
 (``roundrobin_refine``: single-layer moves between groups, merges and splits). The best
 ``FINALISTS``, weight transfers inserted, are simulated under the per-job costs the layer costs sum
@@ -70,8 +71,8 @@ recompute filling the current job's waits (``next_ahead``), ranked by the list
     for order in dict.fromkeys(r[1] for r in ranked[:FINALISTS]):
         for look in aheads[1:]:
             consider(order, look)
-        for look in aheads:  # and recompute the next job's micro-batches in the current job's waits
-            consider(order, look, num_microbatches)
+        for look in aheads if ahead is None else ():  # and recompute the next job's micro-batches in the
+            consider(order, look, num_microbatches)      # current job's waits (a pinned look-ahead holds to it)
     if not ranked:
         raise ValueError(
             f"no round-robin cut of the {len(layer_costs.forward)} layers fits memory_limit={memory_limit:g} M_B "
