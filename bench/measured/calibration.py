@@ -44,14 +44,26 @@ def calibration_section(scenario: Scenario, systems: dict) -> list[str]:
         + (f"Not modelled: {', '.join(unmodelled)}. " if unmodelled else "")
         + ("Why every model is optimistic: " if rows and all(r.error > 0 for r in rows) else "What the models leave out: ")
         + "the `cpu` profile was measured as "
-        + f"'{_profile_description()}' (a 768x768 GEMM), while each measured rank or pool device runs "
-        + f"{scenario.threads} thread(s) on {scenario.model.hidden}-wide matrices; the analytic profile "
+        + f"'{_profile_description()}' ({_gemm_source()}), the thread count each measured rank or pool device "
+        + f"runs ({scenario.threads}); the analytic profile "
           "(bubbleless_partition.analytic) prices matrix multiplies and attention at that GEMM rate and leaves "
           "out norms, activations and residual adds, memory-bound work that is not small on a CPU at this "
-          "width; the profile prices gloo transfers as memory copies. The executor's own overhead is not the cause: the "
+          "width; the profile prices gloo transfers as memory copies; and the measured runs share this "
+          "machine's 2 cores with whatever else runs (the alternating rounds spread that load over the "
+          "systems, they do not remove it), while the profile's short timed GEMMs can catch a free core. "
+          "The executor's own overhead is not the cause: the "
           "micro-benchmarks (bench/results/micro.json) put it near 40 microseconds per action. The models "
           "were built for GPUs, where GEMMs dominate; they are not refitted to these numbers.", "",
     ]
+
+
+def _gemm_source() -> str:
+    from bench.modelled.calibrate import cpu_hardware
+
+    try:
+        return cpu_hardware().sources["sustained_tflops"].split(": ", 1)[-1]
+    except (ValueError, KeyError):
+        return "GEMM not recorded"
 
 
 def _profile_description() -> str:

@@ -3,8 +3,12 @@ measured CPU runs (where every "device" is the CPU and every copy a memory copy)
 
     python bench/model.py --measure-cpu [--cpu-profile bench/modelled/cpu.yaml]
 
-Measured, with torch at its current thread count (recorded in the description): GEMM throughput per
-dtype (square ``torch.mm``, median of a few runs), memory bandwidth (a large tensor copy, bytes read
+Measured with ``threads`` torch threads (default 1: what each measured rank or pool device runs,
+bench/scenarios/tiny.yaml's ``threads``; recorded in the description), the thread count restored
+after: GEMM throughput per dtype (``torch.mm`` of a (tokens x hidden) by (hidden x intermediate)
+matrix at the tiny scenario's 256 tokens, width 256 and MLP width 768, median of a few runs: the
+shapes the measured ranks multiply, not a large square GEMM that runs nearer the CPU's peak),
+memory bandwidth (a large tensor copy, bytes read
 plus written), the host-to-"device" copy rate (``bubbleless_runtime.pool_plan.copy_bandwidth`` on the
 CPU, what the pool's LOAD costs here), and ``torch.optim.AdamW`` steps per second over one large fp32
 tensor (our host optimizer's kernel). Not measured, and said so in the sources: peak FLOP/s (set to the
@@ -35,16 +39,28 @@ def _median_seconds(fn, repeats: int = 5) -> float:
     return statistics.median(times)
 
 
-def measure_cpu(*, gemm: int = 768, copy_mib: int = 256, adam_params: int = 1 << 23) -> Hardware:
+def measure_cpu(*, gemm: tuple[int, int, int] = (256, 256, 768), threads: int = 1, copy_mib: int = 256,
+                adam_params: int = 1 << 23) -> Hardware:
+    """``gemm``: (rows, inner, columns) of the timed ``torch.mm``; ``threads``: torch threads meanwhile."""
     import torch
 
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return _measure(torch, gemm, copy_mib, adam_params)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _measure(torch, gemm: tuple[int, int, int], copy_mib: int, adam_params: int) -> Hardware:
     from bubbleless_runtime.pool_plan import copy_bandwidth
 
+    rows, inner, columns = gemm
     tflops = {}
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        a, b = torch.randn(gemm, gemm, dtype=dtype), torch.randn(gemm, gemm, dtype=dtype)
-        seconds = _median_seconds(lambda a=a, b=b: torch.mm(a, b))
-        tflops[name] = round(2 * gemm**3 / seconds / 1e12, 4)
+        a, b = torch.randn(rows, inner, dtype=dtype), torch.randn(inner, columns, dtype=dtype)
+        seconds = _median_seconds(lambda a=a, b=b: torch.mm(a, b), repeats=21)
+        tflops[name] = round(2 * rows * inner * columns / seconds / 1e12, 4)
     source = torch.empty(copy_mib << 20, dtype=torch.uint8)
     target = torch.empty_like(source)
     memory_gb_s = round(2 * source.numel() / _median_seconds(lambda: target.copy_(source)) / 1e9, 2)
@@ -59,7 +75,7 @@ def measure_cpu(*, gemm: int = 768, copy_mib: int = 256, adam_params: int = 1 <<
         "name": "cpu", "kind": "cpu",
         "description": f"{platform.processor() or platform.machine()}; {how}, {time.strftime('%Y-%m-%d')}",
         "peak_tflops": {"value": tflops, "source": "not measured: set to the sustained figure (efficiency 1)"},
-        "sustained_tflops": {"value": tflops, "source": f"{how}: torch.mm {gemm}x{gemm}, median of 5"},
+        "sustained_tflops": {"value": tflops, "source": f"{how}: torch.mm ({rows}x{inner}) by ({inner}x{columns}), median of 21"},
         "memory_gib": {"value": ram_gib, "source": "physical memory (sysconf)"},
         "memory_bandwidth": {"value": memory_gb_s, "source": f"{how}: {copy_mib} MiB copy, read + write bytes"},
         "pcie_bandwidth": {"value": host_gb_s, "source": "no host link: a CPU device's copy is a memory copy"},
