@@ -13,10 +13,11 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 KNOWN_SYSTEMS = ("zbv", "zb", "bubbleless-1f1b", "1f1b", "roundrobin", "zero-infinity", "zero2", "fsdp-offload", "ddp",
-                 "zbv-mem")
+                 "zbv-mem", "zero-infinity-nvme")
 """Measured systems; names match the modelled registry (``1f1b`` is torch's Schedule1F1B, ours is
 ``bubbleless-1f1b``), ``ddp`` is plain data parallel (torch DistributedDataParallel); ``zbv-mem`` is
-zbv on the cut that gives each rank 1F1B's decoder layers (``ours.memory_cut``), not the even one."""
+zbv on the cut that gives each rank 1F1B's decoder layers (``ours.memory_cut``), not the even one;
+``zero-infinity-nvme`` is ZeRO-Infinity swapping to disk (``baselines.nvme_offload``, needs libaio)."""
 
 
 @dataclass(frozen=True, kw_only=True)
