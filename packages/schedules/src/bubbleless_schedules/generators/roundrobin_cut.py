@@ -70,10 +70,11 @@ def _pack(times: Sequence[float], caps: Sequence[float]) -> tuple[int, ...]:
     return tuple(counts)
 
 
-def tapered_cut(layer_costs: Costs, cap: float, *, forward_cap: float | None = None, taper: int = 0) -> PoolGroups:
+def tapered_cut(layer_costs: Costs, cap: float, *, forward_cap: float | None = None, taper: int = 0,
+                backward_taper: int | None = None) -> PoolGroups:
     """Groups under ``cap`` (backward, the fused group) and ``forward_cap`` (forward, default ``cap``); with
-    ``taper`` t, the first t forward groups and the last t backward groups to run get caps of
-    1/(t+1), 2/(t+1), ... of the full cap."""
+    ``taper`` t, the first t forward groups and the last ``backward_taper`` (default t) backward groups to
+    run get caps of 1/(t+1), 2/(t+1), ... of the full cap."""
     count = check_layer_costs(layer_costs)
     forward_cap = cap if forward_cap is None else forward_cap
     f = [layer(layer_costs, "forward", i) for i in range(count)]
@@ -85,15 +86,23 @@ def tapered_cut(layer_costs: Costs, cap: float, *, forward_cap: float | None = N
     body = count - last
     if body == 0:
         return PoolGroups((), last, ())
-    steps = [(k + 1) / (taper + 1) for k in range(taper)] + [1.0]
-    forward = _pack(f[:body], [forward_cap * s for s in steps])
+    backward_taper = taper if backward_taper is None else backward_taper
+    forward = _pack(f[:body], [forward_cap * s for s in _steps(taper)])
     back = [layer(layer_costs, "recompute", i) + b[i] for i in range(body)]
-    backward = _pack(back, [cap * s for s in steps])  # first layers first: they run last
+    backward = _pack(back, [cap * s for s in _steps(backward_taper)])  # first layers first: they run last
     return PoolGroups(forward, last, backward)
+
+
+def _steps(taper: int) -> list[float]:
+    return [(k + 1) / (taper + 1) for k in range(taper)] + [1.0]
 
 
 FACTORS = (0.8, 0.9, 1.0, 1.1, 1.3)
 """Job-time caps tried, in units of the slowest layer's job time (RoundPipe tries 1.0 to 1.1)."""
+
+TAPERS = ((0, 0), (1, 1), (2, 2), (4, 2), (8, 2), (8, 0))
+"""(forward, backward) tapers tried: a long forward taper (groups of 1, 2, 3 ... layers' worth) lets the
+first devices start within a few layers' time of each other, a short backward one ends the drain."""
 
 
 def candidate_cuts(layer_costs: Costs, *, memory_fits=None) -> list[PoolGroups]:
@@ -105,11 +114,11 @@ def candidate_cuts(layer_costs: Costs, *, memory_fits=None) -> list[PoolGroups]:
         for i in range(count)
     )
     cuts: list[PoolGroups] = []
-    for factor in FACTORS:
-        for forward_factor in (0.8, 1.0):
-            for taper in (0, 1, 2):
+    for taper, backward_taper in TAPERS:  # in this order: a search out of budget keeps the first tapers
+        for factor in FACTORS:
+            for forward_factor in (0.8, 1.0):
                 groups = tapered_cut(layer_costs, slowest * factor, forward_cap=slowest * factor * forward_factor,
-                                     taper=taper)
+                                     taper=taper, backward_taper=backward_taper)
                 if groups not in cuts and (memory_fits is None or memory_fits(groups)):
                     cuts.append(groups)
     return cuts

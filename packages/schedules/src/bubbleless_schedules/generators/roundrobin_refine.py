@@ -22,8 +22,9 @@ from collections.abc import Callable, Iterator
 
 from ..roundrobin_layout import PoolGroups
 
-ACTION_BUDGET = 60_000
-"""Actions the refinement may dispatch in all (evaluations x jobs x micro-batches x 2)."""
+ACTION_BUDGET = 150_000
+"""Actions the refinement may dispatch in all (evaluations x jobs x micro-batches x 2); the search gives it
+less when its candidates took more (``roundrobin_search.SEARCH_BUDGET``)."""
 
 
 def neighbours(groups: PoolGroups) -> Iterator[PoolGroups]:

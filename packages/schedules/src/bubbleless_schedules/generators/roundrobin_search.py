@@ -18,9 +18,9 @@ from ..lowering import add_weight_transfers
 from ..roundrobin_layout import PoolGroups
 from ..schedule import Schedule
 from ..simulate import peak_memory, simulate
+from . import roundrobin_refine
 from .roundrobin_cut import candidate_cuts, job_costs
 from .roundrobin_dispatch import JobTimes, list_dispatch
-from .roundrobin_refine import refine
 
 AHEADS = (1, 2)
 """Recompute look-ahead tried by default: 1 holds one micro-batch's activations per device, as RoundPipe."""
@@ -49,10 +49,11 @@ recompute filling the current job's waits (``next_ahead``), ranked by the list
     scheduler's own makespan; the best ``FINALISTS`` of all are judged by the simulator, with transfers."""
     cuts = [pinned] if pinned is not None else candidate_cuts(layer_costs)
     aheads = AHEADS if ahead is None else (ahead,)
-    ranked, smallest_peak = [], None
+    ranked, smallest_peak, spent = [], None, 0
 
     def consider(order: int, look: int, next_ahead: int = 0) -> float | None:
-        nonlocal smallest_peak
+        nonlocal smallest_peak, spent
+        spent += actions(cuts[order])
         schedule, costs, makespan = dispatched(cuts[order], layer_costs, num_devices=num_devices,
                                                num_microbatches=num_microbatches, ahead=look,
                                                weight_transfers=False, split_backward=split_backward,
@@ -65,7 +66,12 @@ recompute filling the current job's waits (``next_ahead``), ranked by the list
         ranked.append((makespan, order, (look, next_ahead), schedule, costs))
         return makespan
 
+    def actions(cut: PoolGroups) -> int:
+        return 2 * cut.num_stages * num_microbatches
+
     for order in range(len(cuts)):
+        if order and spent + actions(cuts[order]) > SEARCH_BUDGET // 2:
+            break  # large models: the first tapers' cuts only (they have many small jobs already)
         consider(order, aheads[0])
     ranked.sort(key=lambda r: (r[0], r[1], r[2]))
     for order in dict.fromkeys(r[1] for r in ranked[:FINALISTS]):
@@ -87,8 +93,8 @@ recompute filling the current job's waits (``next_ahead``), ranked by the list
             cuts.append(cut)
             return consider(len(cuts) - 1, look, next_ahead)
 
-        refine(cuts[order], makespan, evaluate,
-               actions_per_evaluation=lambda cut: 2 * cut.num_stages * num_microbatches)
+        roundrobin_refine.refine(cuts[order], makespan, evaluate, actions_per_evaluation=actions,
+                                 budget=min(roundrobin_refine.ACTION_BUDGET, max(0, SEARCH_BUDGET - spent)))
         ranked.sort(key=lambda r: (r[0], r[1], r[2]))
     finalists = [add_weight_transfers(r[3]) if weight_transfers else r[3] for r in ranked[:FINALISTS]]
     judged = [(simulate(s, r[4]).makespan, i) for i, (s, r) in enumerate(zip(finalists, ranked, strict=False))]
@@ -97,3 +103,8 @@ recompute filling the current job's waits (``next_ahead``), ranked by the list
 
 FINALISTS = 3
 """Cuts tried with every look-ahead, and candidates the simulator re-judges, after the ranking."""
+
+SEARCH_BUDGET = 200_000
+"""Actions the list scheduler may dispatch in one search (about 0.7 s): candidate cuts take at most half
+(in ``candidate_cuts``' order), the finalists' look-aheads what they need, the local search the rest
+(at most ``roundrobin_refine.ACTION_BUDGET``)."""
