@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bubbleless_schedules import Costs, available, generate, simulate
+from bubbleless_schedules import Costs, available, generate, peak_memory, simulate
 
 PAPER = Costs(18.5, 18.1, 9.3, 0.6)
 CHEAP_W = Costs(18.5, 18.1, 4.6, 0.6)
@@ -137,3 +137,54 @@ def test_auto_builds_only_what_could_win(monkeypatch):
     assert simulate(schedule).makespan == 3 * 16 + 7 * 0.5
     assert "zbv" in built
     assert not {"gpipe", "1f1b", "zb", "zb-h1", "zb-h2", "dualpipev", "roundrobin"} & set(built), built
+
+
+@pytest.mark.parametrize("costs", [Costs.unit(), PAPER, Costs(1.0, 1.5, 1.0, 0.1), Costs(1.0, 1.0, 0.5, 0.05),
+                                   Costs([1.3, 1.0, 1.0, 1.0, 1.0, 2.0], [1.3, 1.0, 1.0, 1.0, 1.0, 2.0], 0.4, 0.2)])
+@pytest.mark.parametrize("p,m", [(2, 3), (3, 4), (3, 8), (4, 4), (4, 9)])
+def test_v_memory_bound_is_a_lower_bound(costs, p, m):
+    """auto also skips a V generator whose memory bound (bounds.v_memory_bound) is not below the best so far:
+    the bound must never exceed what any V schedule within that cap achieves."""
+    from bubbleless_schedules.generators.bounds import v_memory_bound
+
+    if costs.num_stages_given() not in (None, 2 * p):
+        pytest.skip("per-stage costs for another stage count")
+    for name in ("zbv", "v-half", "v-min", "dualpipev"):
+        for limit in (1.0, 1.5, 2.0, float(p), p + 0.5):
+            try:
+                schedule = generate(name, num_ranks=p, num_microbatches=m, costs=costs, memory_limit=limit)
+            except ValueError:
+                continue
+            cap = 2 * max(peak_memory(schedule))
+            assert simulate(schedule, costs).makespan >= v_memory_bound(p, m, costs, cap) - 1e-9, (name, limit)
+
+
+def test_v_memory_bound_is_below_the_exact_optimum_and_above_the_placement_bound():
+    """At unit costs, p=4, 6 chunk activations (V-Half's 3 M_B), an exhaustive slot search finds 14.5 at m=4
+    and 26.5 at m=8 optimal (the closed form 3m + b(M)/2); the bound stays below, and at V-Min's cap for
+    p=8 it is above the placement bound, which is what lets auto skip a V-Min search."""
+    from bubbleless_schedules.generators.bounds import placement_bound, v_memory_bound
+    from bubbleless_schedules.placement import v_placement
+
+    assert v_memory_bound(4, 4, Costs.unit(), 6) <= 14.5
+    assert v_memory_bound(4, 8, Costs.unit(), 6) <= 26.5
+    assert v_memory_bound(8, 16, Costs.unit(), 8) > placement_bound(v_placement(8), 16, Costs.unit())
+    zbv = generate("zbv", num_ranks=32, num_microbatches=256, costs=PAPER)  # the issue's yardstick shape
+    assert v_memory_bound(32, 256, PAPER, 2 * 12) > simulate(zbv, PAPER).makespan  # so auto skips V-Min there
+
+
+def test_even_per_stage_costs_build_each_candidate_once(monkeypatch):
+    """The registry's median re-run is for uneven per-stage costs: costs whose median is themselves (a
+    reference's median steering) build a generator once, not twice."""
+    from bubbleless_schedules import registry
+
+    calls = []
+    real = registry.generator("1f1b")
+    monkeypatch.setitem(registry._GENERATORS, "1f1b", lambda **kw: calls.append(kw["costs"]) or real(**kw))
+    even = Costs([1.0] * 4, [1.0] * 4, [1.0] * 4, 0.1)
+    uneven = Costs([1.0, 1.0, 1.0, 2.0], [1.0] * 4, [1.0] * 4, 0.1)
+    generate("1f1b", num_ranks=4, num_microbatches=8, costs=even)
+    assert calls == [even]
+    calls.clear()
+    generate("1f1b", num_ranks=4, num_microbatches=8, costs=uneven)
+    assert calls == [uneven, uneven.median()]

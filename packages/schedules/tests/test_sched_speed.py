@@ -145,6 +145,19 @@ def test_simulate_equals_the_per_action_reference(seed):
 
 @SETTINGS
 @given(st.integers(0, 10**9))
+def test_simulated_makespan_is_the_timelines(seed):
+    """``auto`` times its candidates with ``simulated_makespan``: the same number as ``simulate``'s, and the
+    same refusal of a deadlocked or incomplete schedule."""
+    from bubbleless_schedules.simulate import simulated_makespan
+
+    rng = random.Random(seed)
+    schedule = random_schedule(rng)
+    costs = random_costs(rng, schedule.num_stages) if schedule.layout == "pipeline" else Costs.unit()
+    assert outcome(lambda: simulated_makespan(schedule, costs)) == outcome(lambda: simulate(schedule, costs).makespan)
+
+
+@SETTINGS
+@given(st.integers(0, 10**9))
 def test_rule_tables_equal_the_per_action_methods(seed):
     rng = random.Random(seed)
     schedule = random_schedule(rng)

@@ -116,12 +116,14 @@ def generate(
         ))
 
     schedule = build(costs)
-    if costs.heterogeneous and not getattr(fn, "median_checked", False):
+    median = costs.median() if costs.heterogeneous and not getattr(fn, "median_checked", False) else costs
+    if median != costs:
         # A search steered by uneven per-stage costs can land on an order that the same search steered by
         # the median would beat; keeping the faster of the two under the true costs makes per-stage costs
         # never a loss, for every generator at once. A generator whose every candidate already went through
-        # this (``auto``) sets ``median_checked`` and is built once.
-        schedule = _faster(schedule, build(costs.median()), costs, input_grad_frees)
+        # this (``auto``) sets ``median_checked`` and is built once; so is every generator given per-stage
+        # costs that are already even (their median is themselves, e.g. a reference's median steering).
+        schedule = _faster(schedule, build(median), costs, input_grad_frees)
     if memory_limit is not None:
         peak = max(peak_memory(schedule, input_grad_frees))
         if peak > memory_limit + 1e-9:

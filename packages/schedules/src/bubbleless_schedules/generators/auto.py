@@ -25,7 +25,7 @@ from functools import cache
 from ..costs import Costs
 from ..registry import available, generate, generator, register
 from ..schedule import Schedule
-from ..simulate import simulate
+from ..simulate import peak_memory, simulated_makespan
 from .bounds import placement_bound
 
 SELF = "auto"
@@ -39,7 +39,7 @@ def stage_bound_candidates(
     A generator whose lower bound (``bounds.placement_bound``) is not below the best makespan found so far
     is skipped: it could at most tie. The list is in the order tried (bound, then registry order)."""
     names = [name for name in available() if name != SELF and _stage_bound(name)]
-    bounds = {name: _bound(name, num_ranks, num_microbatches, costs) for name in names}
+    bounds = {name: _bound(name, num_ranks, num_microbatches, costs, memory_limit, input_grad_frees) for name in names}
     found, best = [], float("inf")
     cap = float("inf") if memory_limit is None else memory_limit
     frugal = {name: min(cap, _peak_hint(name, num_ranks, num_microbatches)) for name in names}
@@ -53,11 +53,11 @@ def stage_bound_candidates(
             )
             if schedule.stage_to_rank is None:
                 continue
-            timeline = simulate(schedule, costs, input_grad_frees=input_grad_frees)
+            makespan = simulated_makespan(schedule, costs)
         except ValueError:  # this shape, limit or per-stage cost list is not one it supports
             continue
-        found.append((timeline.makespan, timeline.max_peak_memory, schedule))
-        best = min(best, timeline.makespan)
+        found.append((makespan, max(peak_memory(schedule, input_grad_frees), default=0.0), schedule))
+        best = min(best, makespan)
     return found
 
 
@@ -66,11 +66,17 @@ def _peak_hint(name: str, num_ranks: int, num_microbatches: int) -> float:
     return float("inf") if peak_of is None else float(peak_of(num_ranks, num_microbatches))
 
 
-def _bound(name: str, num_ranks: int, num_microbatches: int, costs: Costs) -> float:
-    placement_of = getattr(generator(name), "placement_of", None)
+def _bound(name: str, num_ranks: int, num_microbatches: int, costs: Costs, memory_limit: float | None,
+           input_grad_frees: float) -> float:
+    fn = generator(name)
+    placement_of = getattr(fn, "placement_of", None)
     if placement_of is None:
         return 0.0
-    return placement_bound(placement_of(num_ranks), num_microbatches, costs)
+    bound = placement_bound(placement_of(num_ranks), num_microbatches, costs)
+    memory_bound_of = getattr(fn, "memory_bound_of", None)
+    if memory_bound_of is not None and input_grad_frees == 0.0:  # the memory bound assumes I frees nothing
+        bound = max(bound, memory_bound_of(num_ranks, num_microbatches, costs, memory_limit))
+    return bound
 
 
 @cache

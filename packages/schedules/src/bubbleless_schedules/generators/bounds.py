@@ -10,6 +10,10 @@ A generator publishes its placement as ``fn.placement_of = <num_ranks -> stage_t
 placement depends on options (interleaved 1F1B's chunks) does not, and is never pruned. It may also
 publish ``fn.peak_of = <(num_ranks, num_microbatches) -> the most M_B it uses without a limit>``: among
 equal bounds ``auto`` tries the most frugal first, so a tie it then skips could not have had less memory.
+A generator with a memory cap may publish ``fn.memory_bound_of = <(num_ranks, num_microbatches, costs,
+memory_limit) -> a makespan its cap forbids beating>`` (the V family: ``v_memory_bound``), which ``auto``
+takes instead when higher: at p=32, m=256 with the paper's profile it skips V-Min's search once ZB-V's
+schedule is in hand.
 """
 
 from __future__ import annotations
@@ -37,3 +41,39 @@ def placement_bound(stage_to_rank: tuple[int, ...], num_microbatches: int, costs
         start[r] = min(start[r], head[s])
         work[r] += num_microbatches * (costs.of(Kind.F, s, per_rank) + costs.of(Kind.B, s, per_rank))
     return max(start[r] + work[r] for r in range(ranks))
+
+
+def v_memory_bound(num_ranks: int, num_microbatches: int, costs: Costs, cap_chunks: float) -> float:
+    """A makespan no V schedule (rank i holds stages i and 2p-1-i) holding at most ``cap_chunks`` chunk
+    activations per rank can beat, when I frees nothing (``input_grad_frees=0``; 0.0 otherwise is the
+    caller's job). It adds to rank 0's compute two idle times the cap forces on it (time 0 = its first
+    forward, which starts the schedule: every other action waits for one of rank 0's forwards):
+
+    - warm-up: no I on rank 0 starts before ``head``, the first micro-batch's forward through all 2p stages
+      (with comm at each change of rank), and nothing frees memory before rank 0's first W, which follows
+      one of those I's; so before ``head`` rank 0 runs at most ``cap`` forwards, and idles at least
+      ``head - cap x (its longest forward)``;
+    - cool-down: once rank 0's last first-chunk forward (micro-batch m-1) ends, that micro-batch still has
+      ``tail`` to go (forwards of stages 1..2p-1, input-gradients of all 2p, the W of stage 0, comm), while
+      rank 0 only has the remaining passes of the micro-batches it holds, at most ``cap`` of them (each
+      holds a chunk), each at most its second-chunk F, I, W and first-chunk I, W.
+
+    The two windows are disjoint when m > cap (the last first-chunk forward is then past the first W);
+    otherwise only the larger idle counts."""
+    p, m, c = num_ranks, num_microbatches, float(cap_chunks)
+    stages = 2 * p
+    given = costs.num_stages_given()
+    if given is not None and given != stages:
+        return 0.0
+    f = [costs.of(Kind.F, s, 2) for s in range(stages)]
+    i = [costs.of(Kind.I, s, 2) for s in range(stages)]
+    w = [costs.of(Kind.W, s, 2) for s in range(stages)]
+    first, last = 0, stages - 1
+    hops = (stages - 2) * costs.comm  # rank changes along the V, each way (stages p-1 and p share a rank)
+    head = sum(f) + hops
+    tail = sum(f[1:]) + hops + sum(i) + hops + w[first]
+    remaining = f[last] + i[last] + w[last] + i[first] + w[first]
+    warm = max(0.0, head - c * max(f[first], f[last]))
+    cool = max(0.0, tail - c * remaining)
+    work = m * (f[first] + i[first] + w[first] + f[last] + i[last] + w[last])
+    return work + (warm + cool if m > c else max(warm, cool))

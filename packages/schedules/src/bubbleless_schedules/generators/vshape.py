@@ -17,6 +17,7 @@ the ranks' spans. See ``vshape_greedy`` for why the cap can never deadlock.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from functools import lru_cache
 from itertools import accumulate, islice
@@ -27,6 +28,7 @@ from ..placement import v_placement
 from ..registry import register
 from ..schedule import Schedule
 from ..simulate import simulate
+from .bounds import v_memory_bound
 from .local_search import adjacent_swaps, independent, schedule_evaluator, schedule_fits
 from .vshape_blocks import pcm_blocks, stable_block, v_block
 from .vshape_greedy import GreedyResult, Policy, v_list_schedule
@@ -331,6 +333,8 @@ def _v_generator(name: str, cap_m_b, **_):
     generate.__name__ = name.replace("-", "_")
     generate.placement_of = v_placement  # for auto's bound and order (generators/bounds.py)
     generate.peak_of = lambda p, m: cap_m_b(p)
+    generate.memory_bound_of = lambda p, m, costs, memory_limit: v_memory_bound(  # auto's pruning (bounds.py)
+        p, m, costs, 2.0 * min(float(cap_m_b(p)), math.inf if memory_limit is None else float(memory_limit)))
     generate.__doc__ = f"{name}: V placement, peak at most {cap_m_b.__doc__} M_B (and memory_limit)."
     return generate
 

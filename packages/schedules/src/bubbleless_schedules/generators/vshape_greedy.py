@@ -20,6 +20,7 @@ import heapq
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from ..action import Action, Kind
 from ..costs import Costs
@@ -66,6 +67,16 @@ class GreedyResult:
 
 def _stage_rank(stage: int, p: int) -> int:
     return stage if stage < p else 2 * p - 1 - stage
+
+
+@lru_cache(maxsize=4)
+def _action_table(num_stages: int, num_microbatches: int) -> dict[Kind, tuple[tuple[Action, ...], ...]]:
+    """``table[kind][stage][microbatch]``: one shared (frozen) ``Action`` per pass, so the tries of a search
+    look their actions up instead of building 6pm of them each (a fifth of a try's time at p=32, m=256)."""
+    return {
+        kind: tuple(tuple(Action(s, kind, k) for k in range(num_microbatches)) for s in range(num_stages))
+        for kind in (Kind.F, Kind.I, Kind.W)
+    }
 
 
 def _w_first(order: tuple[str, ...]) -> tuple[str, ...]:
@@ -132,7 +143,8 @@ def v_list_schedule(
     patience, reserve_all, fill_w = policy.patience, policy.reserve_all, policy.fill_w
     lookahead = max(1, policy.lookahead)
     room_ahead = room if policy.lookahead_cap is None else min(room, policy.lookahead_cap + 1e-9)
-    kind_f, kind_i, kind_w = Kind.F, Kind.I, Kind.W
+    table = _action_table(n, m)
+    act_f, act_i, act_w = table[Kind.F], table[Kind.I], table[Kind.W]
 
     # The loop below inlines, for speed, when each rank's next actions become ready: the forward of
     # stage s when stage s-1's output for that micro-batch has arrived; the input-gradient backward when
@@ -236,7 +248,7 @@ def v_list_schedule(
             pending_of[r][s != s0] -= 1
             end = now + w_cost[s]
             held[r] -= 1 - g
-            out[r].append(Action(s, kind_w, k))
+            out[r].append(act_w[s][k])
         elif choice in ("W0", "W1"):
             s = s0 if choice == "W0" else s1
             oldest = next(item for item in pending_w[r] if item[0] == s)
@@ -245,7 +257,7 @@ def v_list_schedule(
             k = oldest[1]
             end = now + w_cost[s]
             held[r] -= 1 - g
-            out[r].append(Action(s, kind_w, k))
+            out[r].append(act_w[s][k])
         elif choice == "I":
             s = i_stage
             k = next_i[s]
@@ -255,7 +267,7 @@ def v_list_schedule(
             held[r] -= g
             pending_w[r].append((s, k))
             pending_of[r][s != s0] += 1
-            out[r].append(Action(s, kind_i, k))
+            out[r].append(act_i[s][k])
             if s > 0:
                 push(events, (end + comm_down[s], rank_of[s - 1]))
         else:
@@ -268,7 +280,7 @@ def v_list_schedule(
             admitted_not_up[r] += 1 if choice == "F0" else -1
             if held[r] > peak[r]:
                 peak[r] = held[r]
-            out[r].append(Action(s, kind_f, k))
+            out[r].append(act_f[s][k])
             if s < last:
                 push(events, (end + comm_up[s], rank_of[s + 1]))
         free_at[r] = end
