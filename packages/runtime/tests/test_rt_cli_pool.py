@@ -158,7 +158,9 @@ def test_pool_resume_in_a_fresh_process_is_bit_identical_to_the_uninterrupted_ru
     assert a["step"] == b["step"] == 6 and a["data_position"] == b["data_position"] == 6
     assert a["partition"] == b["partition"] == {"forward": [2, 1], "last": 1, "backward": [1, 2]}
     assert all(torch.equal(x, y) for x, y in zip(a["params"], b["params"], strict=True))
-    for x, y in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values(), strict=True):
+    assert all(torch.equal(x, y) for x, y in zip(a["masters"], b["masters"], strict=True))
+    state_a, state_b = a["optimizer"]["optimizer"]["state"], b["optimizer"]["optimizer"]["state"]  # the host optimizer's
+    for x, y in zip(state_a.values(), state_b.values(), strict=True):
         assert all(torch.equal(x[k], y[k]) for k in x)
 
 

@@ -11,7 +11,12 @@ which cut to pin. A stage-bound cut is recorded as its list of stage sizes, a ro
 message can be pasted into the config.
 
 The round-robin pool runs in one process and its whole host state (the fp32 parameters the optimizer
-steps, the optimizer's state) is this one rank's, so its checkpoint is one ``rank00000`` pair.
+steps, the optimizer's state) is this one rank's, so its checkpoint is one ``rank00000`` pair. With the
+pool's host optimizer it also holds ``masters``, the store's fp32 masters (``master_state_dict``: separate
+tensors from the working weights when those are bf16 or the optimizer is one step stale), and
+``optimizer`` is the host optimizer's ``state_dict``; both are taken after ``Trainer.synchronize`` has
+applied an update in flight, and a resume restores them, so it continues bit-identically to the run that
+saved them.
 """
 
 from __future__ import annotations
@@ -31,9 +36,11 @@ from .collectives import barrier, global_rank, is_distributed
 
 
 def capture(trainer) -> dict:
-    """The trainer's resumable state on this rank."""
+    """The trainer's resumable state on this rank (an update in flight applied first)."""
+    trainer.synchronize()
     return {
         "params": [p.detach().cpu().clone() for p in trainer.params],
+        "masters": _masters(trainer),
         "partition": partition_record(getattr(trainer.pipeline, "partition", None)),
         "optimizer": trainer.optimizer.state_dict(),
         "scheduler": None if trainer.scheduler is None else trainer.scheduler.state_dict(),
@@ -42,6 +49,23 @@ def capture(trainer) -> dict:
         "step": trainer.step,
         "data_position": trainer.data_position,
     }
+
+
+def _masters(trainer) -> list[torch.Tensor] | None:
+    """The pool's fp32 masters in store order (None: a torch optimizer over the parameters themselves)."""
+    if not trainer.host:
+        return None
+    return [m.detach().clone() for m in trainer.pipeline.store.master_state_dict().values()]
+
+
+def _check_optimizer_kind(trainer, state: dict) -> None:
+    saved_host = state.get("masters") is not None
+    if saved_host != trainer.host:
+        kinds = {True: "the round-robin pool's host optimizer", False: "a torch optimizer over .grad"}
+        raise ValueError(
+            f"checkpoint was written with {kinds[saved_host]} but this run steps {kinds[trainer.host]}; its "
+            "optimizer state cannot load here: resume with the bubbleless version and schedule that wrote it"
+        )
 
 
 def partition_record(partition) -> list[int] | dict | None:
@@ -83,10 +107,15 @@ def restore(trainer, state: dict) -> None:
     for p, saved in zip(trainer.params, state["params"], strict=True):
         if p.shape != saved.shape:
             raise ValueError(f"checkpoint parameter shape {tuple(saved.shape)} != {tuple(p.shape)}")
+    _check_optimizer_kind(trainer, state)
+    trainer.synchronize()
     with torch.no_grad():
         for p, saved in zip(trainer.params, state["params"], strict=True):
             p.copy_(saved)
     trainer.optimizer.load_state_dict(state["optimizer"])
+    if trainer.host:
+        store = trainer.pipeline.store
+        store.load_master_state_dict(dict(zip(store.master_state_dict(), state["masters"], strict=True)))
     if trainer.scheduler is not None and state["scheduler"] is not None:
         trainer.scheduler.load_state_dict(state["scheduler"])
     trainer.scaler.load_state_dict(state["scaler"])

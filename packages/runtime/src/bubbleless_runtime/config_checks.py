@@ -70,6 +70,12 @@ def validate(config: RunConfig) -> RunConfig:
         _validate_pool_partition(config.pipeline, pipeline_layers(config))
     else:
         _validate_stage_bound(config.pipeline)
+        if config.optimizer.asynchronous:
+            raise ValueError(
+                f"optimizer.asynchronous runs the round-robin pool's host optimizer one step stale; "
+                f"{config.pipeline.schedule} steps a torch optimizer on each rank: drop optimizer.asynchronous "
+                "(or use pipeline.schedule: roundrobin)"
+            )
         _validate_partition(config.pipeline, pipeline_layers(config))
     if config.data.batch_size % config.pipeline.num_microbatches:
         raise ValueError(
@@ -182,6 +188,11 @@ def _validate_pool(config: RunConfig) -> None:
         raise ValueError(
             "train.device is for stage-bound schedules; roundrobin keeps weights in host memory and runs on "
             "pipeline.devices: drop train.device (or set it to cpu)"
+        )
+    if config.optimizer.asynchronous and config.train.precision == "fp16":
+        raise ValueError(
+            "optimizer.asynchronous cannot use fp16's loss scaler (its scale would move while the next step's "
+            "loss is scaled with it): set train.precision: bf16, or optimizer.asynchronous: false"
         )
 
 

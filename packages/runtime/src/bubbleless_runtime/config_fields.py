@@ -194,6 +194,15 @@ class OptimizerConfig:
     """Clip the global gradient norm (over all ranks) to this (a finite number > 0). 0 or null: no clipping
     (the norm is still measured and logged), as 0 means in Hugging Face's ``TrainingArguments`` (unlike
     ``torch.nn.utils.clip_grad_norm_(max_norm=0)``, which zeroes every gradient)."""
+    asynchronous: bool = False
+    """``roundrobin`` only (a ValueError elsewhere): run the pool's host optimizer one step stale, RoundPipe's
+    default: step k's update runs on a CPU thread while step k+1 computes on the weights before it, so each
+    update applies gradients taken one update earlier. Not with ``train.precision: fp16`` (its loss scale
+    would move mid-step). ``false``: the update runs after the step, synchronously. Either way the pool
+    steps its own host optimizer over the fp32 masters (torch's fused CPU AdamW where available). The
+    logged ``grad_norm`` is then the previous step's update's (none on the first step); a checkpoint or an
+    evaluation applies the update in flight first, so the step after one runs on fresh weights (a run
+    resumed from that checkpoint does the same, so resuming stays exact)."""
 
 
 @dataclass(kw_only=True)

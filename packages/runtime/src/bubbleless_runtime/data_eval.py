@@ -8,7 +8,8 @@ the forward half of the pipeline's own lowered schedule (its F, send-F and recei
 order, so the ranks meet as in training) under ``torch.no_grad``, on an executor of its own that shares
 the pipeline's stage modules and channel: no backward and no saved activations. The round-robin pool
 has no such half yet, so there a validation batch is a training step of the pool whose gradients are
-thrown away (about three times the forward's cost). The loss reported is the mean over the validation
+thrown away (about three times the forward's cost); an update of the one-step-stale host optimizer
+still in flight is applied first (``Trainer.synchronize``), so the loss is the model's after every step. The loss reported is the mean over the validation
 batches of each batch's mean per-micro-batch loss (the report adds its perplexity).
 """
 
@@ -36,19 +37,23 @@ class Evaluation:
         loss_fn, saved = trainer.loss, trainer.loss.factor
         loss_fn.factor = 1.0 / trainer.num_microbatches  # the mean over micro-batches, no loss scale
         forward = ForwardOnly.of(trainer.pipeline)
+        trainer.synchronize()
         total, count = 0.0, 0
         try:
             for inputs, targets in self.batches.in_order():
                 ids = inputs[0]
                 with trainer._autocast(trainer.autocast_device or ids.device.type):
-                    loss = trainer.pipeline.step(inputs, targets) if forward is None else forward.step(inputs, targets)
+                    if forward is None:
+                        loss = trainer.pipeline_step(inputs, targets, update=False)
+                    else:
+                        loss = forward.step(inputs, targets)
                 if loss is not None:
                     total += float(loss)
                 count += 1
         finally:
             loss_fn.factor = saved
             if forward is None:  # the pool's training steps left gradients
-                trainer.optimizer.zero_grad(set_to_none=True)
+                trainer.discard_gradients()
         value = trainer._loss_everywhere(total / max(count, 1))
         self.history.append((trainer.step, value))
         return value

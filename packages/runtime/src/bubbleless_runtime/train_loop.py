@@ -1,7 +1,9 @@
 """The training loop of ``bubbleless train``: one rank of a pipeline (``run_rank``) or the device pool in
 this process (``run_pool``), from the built model (``train_pipelines.py``) to the report.
 
-Each step: the Trainer's optimizer step, evaluation when due, the step's line in ``metrics.jsonl``, the
+Each step: the Trainer's optimizer step (on the pool, the pool's host optimizer: ``optimizer.asynchronous``
+makes it one step stale, and the update in flight is applied before an evaluation, a checkpoint and the
+end of training), evaluation when due, the step's line in ``metrics.jsonl``, the
 progress bar, a checkpoint every ``train.save_every`` steps, and a stop signal honoured after the same
 step on every rank. At the end: the last checkpoint, the LoRA adapter, the saved model and the report.
 """
@@ -70,7 +72,14 @@ def _train(config: RunConfig, *, rank: int, stop: StopRequest | None = None) -> 
 
     from .data_eval import sample_input_of, training_data
     from .save_hf import save_trained_model
-    from .trainer import ScaledLoss, Trainer, build_optimizer, seed_everything, warmup_cosine
+    from .trainer import (
+        DynamicLossScaler,
+        ScaledLoss,
+        Trainer,
+        build_optimizer,
+        seed_everything,
+        warmup_cosine,
+    )
 
     seed_everything(config.train.seed)
     pool = uses_pool(config.pipeline.schedule)
@@ -81,15 +90,13 @@ def _train(config: RunConfig, *, rank: int, stop: StopRequest | None = None) -> 
         print(data_summary)
     auto = config.pipeline.partition == "auto"
     sample_input = sample_input_of(data, config.pipeline.num_microbatches) if auto else None
-    if pool:
-        pipeline = pool_pipeline(config, piped, loss, sample_input)
+    scaler = DynamicLossScaler(enabled=config.train.precision == "fp16")
+    if pool:  # the pool steps its own host optimizer (fp32 masters and state in host memory, CPU kernels)
+        pipeline = pool_pipeline(config, piped, loss, sample_input, scaler if scaler.enabled else None)
+        optimizer = pipeline.optimizer
     else:
         pipeline = stage_pipeline(config, piped, loss, sample_input, rank=rank, schedule=resumed_schedule(config))
-    # For the pool, pipeline.parameters() are the host-resident parameters, and the HostStore's fp32
-    # masters are those very tensors when the weights are fp32 (always, for a model built from sizes;
-    # precision is autocast). So this torch optimizer stepping them with its CPU kernels IS the CPU
-    # optimizer over fp32 masters that RoundPipe runs, and its state stays in host memory.
-    optimizer = build_optimizer(pipeline.parameters(), config.optimizer)
+        optimizer = build_optimizer(pipeline.parameters(), config.optimizer)
     steps = config.train.steps
     schedule = warmup_cosine(
         warmup_steps=config.optimizer.warmup_steps,
@@ -98,10 +105,10 @@ def _train(config: RunConfig, *, rank: int, stop: StopRequest | None = None) -> 
     )
     trainer = Trainer(
         pipeline=pipeline, layers=piped.layers, loss=loss, optimizer=optimizer,
-        scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, schedule),
+        scheduler=torch.optim.lr_scheduler.LambdaLR(getattr(optimizer, "torch_optimizer", optimizer), schedule),
         num_microbatches=config.pipeline.num_microbatches, grad_accum=config.train.grad_accum,
         max_grad_norm=config.optimizer.max_grad_norm, precision=config.train.precision, group=pipeline.group,
-        autocast_device=pipeline.devices[0].type if pool else None,
+        autocast_device=pipeline.devices[0].type if pool else None, scaler=scaler,
     )  # fmt: skip
     if config.train.resume:
         trainer.load(config.train.resume)
@@ -142,6 +149,7 @@ def _train(config: RunConfig, *, rank: int, stop: StopRequest | None = None) -> 
         bar.close()
     if metrics is not None:
         metrics.close()
+    trainer.synchronize()  # the last update applied: the checkpoint, adapter and saved model hold it
     checkpoint = None
     if config.train.checkpoint or config.train.save_every:
         checkpoint = trainer.save(os.path.join(out, f"checkpoint-{trainer.step}"), keep=config.train.keep_checkpoints)

@@ -132,8 +132,22 @@ def stage_pipeline(config: RunConfig, piped, loss, sample_input, *, rank: int, s
     )
 
 
-def pool_pipeline(config: RunConfig, piped, loss, sample_input):
-    """The ``RoundRobinPipeline`` over ``pipeline.devices``; the layers stay on the host (its store)."""
+def host_optimizer_settings(config: RunConfig, loss_scaler=None) -> dict:
+    """The pool's host optimizer (``RoundRobinPipeline(optimizer=...)``) from ``optimizer.*``: the same
+    optimizer, groups and clipping as ``trainer.build_optimizer`` and the Trainer's, stepped over the fp32
+    masters in host memory; one step stale with ``optimizer.asynchronous``. ``loss_scaler``: the Trainer's
+    fp16 scaler (it unscales and skips there), None without fp16."""
+    o = config.optimizer
+    return {
+        "name": o.name, "lr": o.lr, "betas": tuple(o.betas), "eps": o.eps, "weight_decay": o.weight_decay,
+        "momentum": o.momentum, "max_grad_norm": o.max_grad_norm or 0.0, "loss_scaler": loss_scaler,
+        "asynchronous": o.asynchronous,
+    }  # fmt: skip
+
+
+def pool_pipeline(config: RunConfig, piped, loss, sample_input, loss_scaler=None):
+    """The ``RoundRobinPipeline`` over ``pipeline.devices``; the layers stay on the host (its store), and
+    its host optimizer steps them (``host_optimizer_settings``)."""
     from .pool import RoundRobinPipeline
 
     p = config.pipeline
@@ -147,6 +161,6 @@ def pool_pipeline(config: RunConfig, piped, loss, sample_input):
         sample_input=sample_input,  # partition: auto times the layers on the first step's first micro-batch
         memory_budget=p.memory_budget,
         pin_memory=p.pin_memory,
-        optimizer=None,  # .grad of the host parameters is filled; the Trainer's optimizer steps them
+        optimizer=host_optimizer_settings(config, loss_scaler),
         trace=True,
     )

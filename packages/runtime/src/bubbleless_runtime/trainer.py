@@ -5,6 +5,12 @@ parameters held by several ranks (a tied embedding / LM head), unscales and chec
 clips by the global norm over all ranks, and steps the optimizer and the learning-rate schedule.
 Each rank's optimizer holds only the parameters of its own stages.
 
+On the round-robin pool the optimizer is the pool's own host optimizer (``RoundRobinPipeline(optimizer=
+...)``, ``bubbleless_offload.HostOptimizer`` or, one step stale, ``AsyncHostOptimizer``): the pool steps
+it at the end of a step's last pipeline step (the earlier ones run with ``optimizer_step=False`` and add
+into its host accumulators), and it unscales, clips (its ``max_grad_norm``) and steps the fp32 masters
+itself; the Trainer drives its ``torch_optimizer``'s learning rate and reports its ``HostStepResult``.
+
 Loss scaling lives in ``loss_scaling.py`` (``ScaledLoss`` is the ``loss_fn`` handed to the pipeline,
 ``DynamicLossScaler`` the fp16 scaler all ranks agree on) and checkpoint files in ``checkpoint.py``.
 """
@@ -22,6 +28,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from bubbleless_offload import HostOptimizer
+from bubbleless_offload.host_optimizer_async import AsyncHostOptimizer
 
 from . import checkpoint
 from .collectives import all_reduce, is_distributed
@@ -45,7 +54,9 @@ class StepStats:
     rank holding the last stage and shared with every rank)."""
     grad_norm: float
     """Global L2 norm of the gradients over all ranks before clipping (each parameter counted once);
-    NaN when the step was skipped."""
+    NaN when the step was skipped. With the one-step-stale host optimizer (``optimizer.asynchronous``)
+    the norm of the update applied during this step, the previous step's gradients' (NaN on a run's
+    first step)."""
     lr: float
     """Learning rate the optimizer stepped with (the first parameter group's)."""
     tokens: int
@@ -55,7 +66,8 @@ class StepStats:
     seconds: float
     """Wall-clock seconds of the whole optimizer step on this rank."""
     skipped: bool
-    """True when fp16 gradients overflowed on some rank, so no rank stepped its optimizer or schedule."""
+    """True when fp16 gradients overflowed on some rank, so no rank stepped its optimizer or schedule
+    (the pool's host optimizer: its update skipped on inf/nan gradients; one step late when asynchronous)."""
     stop_signal: int | None = None
     """The stop signal (SIGTERM, SIGINT) some rank had received by the end of this step, the same on every
     rank: the ``stop`` given to ``train_step`` rides on the step's loss all-reduce. None: no rank had one,
@@ -124,6 +136,9 @@ class Trainer:
     ``autocast_device``: the device type bf16/fp16 autocast is entered for (None: the inputs' device).
     A ``RoundRobinPipeline`` is one rank holding every (host-resident) parameter; its inputs stay on the
     host while its devices compute, so give it the devices' type.
+    ``optimizer``: a torch optimizer over ``pipeline.parameters()``' ``.grad``, or the pool's host optimizer
+    ``pipeline.optimizer`` (module docstring; ``max_grad_norm`` is then its own, and an fp16 run's
+    ``scaler`` must be its ``loss_scaler``). ``scaler``: the fp16 loss scaler (None: a new one).
     """
 
     def __init__(
@@ -140,6 +155,7 @@ class Trainer:
         precision: str = "fp32",
         group=None,
         autocast_device: str | None = None,
+        scaler: DynamicLossScaler | None = None,
     ) -> None:
         if precision not in AUTOCAST_DTYPES:
             raise ValueError(f"precision {precision!r} is unknown; choose one of {sorted(AUTOCAST_DTYPES)}")
@@ -150,7 +166,13 @@ class Trainer:
         self.max_grad_norm, self.precision, self.group = max_grad_norm, precision, group
         self.autocast_device = autocast_device
         self.params = [p for p in pipeline.parameters() if p.requires_grad]
-        self.scaler = DynamicLossScaler(enabled=precision == "fp16")
+        self.scaler = DynamicLossScaler(enabled=precision == "fp16") if scaler is None else scaler
+        self.host = isinstance(optimizer, (HostOptimizer, AsyncHostOptimizer))
+        """Whether ``optimizer`` is the pool's host optimizer, which the pool steps (else: a torch one here)."""
+        if self.host:
+            _check_host_optimizer(pipeline, optimizer, self.scaler)
+        self._finish = self._finish_host_step if self.host else self._finish_rank_step
+        self._drained = None  # the update Trainer.synchronize applied, not yet reported in a StepStats
         self.step = 0
         self.data_position = 0
         self.shared, self.norm_owned = _shared_parameters(layers, self.params, group)
@@ -164,28 +186,63 @@ class Trainer:
         start = time.perf_counter()
         self.loss.factor = self.scaler.scale / (self.num_microbatches * self.grad_accum)
         summed, tokens = 0.0, 0
-        for _ in range(self.grad_accum):
+        lr = self.optimizer.param_groups[0]["lr"]
+        for index in range(self.grad_accum):
             inputs, targets = data.batch(self.data_position)
             self.data_position += 1
             ids = inputs[0] if isinstance(inputs, (tuple, list)) else inputs  # (input_ids, segments) of real data
             tokens += real_tokens(inputs)
             with self._autocast(self.autocast_device or ids.device.type):
-                loss = self.pipeline.step(inputs, targets)
+                loss = self.pipeline_step(inputs, targets, update=index == self.grad_accum - 1)
             if loss is not None:
                 summed += float(loss)
-        self._sum_shared_gradients()
-        skipped = self.scaler.unscale_and_check(self.params, self.group)
-        grad_norm = math.nan if skipped else self._clip()
-        lr = self.optimizer.param_groups[0]["lr"]
-        if not skipped:  # a skipped fp16 step leaves the schedule where it was, like the weights
-            self.optimizer.step()
-            if self.scheduler is not None:
-                self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        grad_norm, skipped = self._finish()
+        if not skipped and self.scheduler is not None:  # a skipped step leaves the schedule where it was
+            self.scheduler.step()
         self.step += 1
         mean_loss, stop_signal = self._loss_and_stop_everywhere(summed / self.scaler_scale_used(), stop)
         return StepStats(self.step, mean_loss, grad_norm, lr, tokens, time.perf_counter() - start, skipped,
                          stop_signal)
+
+    def pipeline_step(self, inputs, targets, *, update: bool):
+        """One pipeline step; ``update``: the pool's host optimizer steps at its end (else its gradients add
+        up in the host accumulators). A torch optimizer is stepped by ``train_step`` instead."""
+        if self.host:
+            return self.pipeline.step(inputs, targets, optimizer_step=update)
+        return self.pipeline.step(inputs, targets)
+
+    def _finish_rank_step(self) -> tuple[float, bool]:
+        """This rank's torch optimizer: sum shared gradients, unscale, clip over all ranks, step, zero."""
+        self._sum_shared_gradients()
+        skipped = self.scaler.unscale_and_check(self.params, self.group)
+        grad_norm = math.nan if skipped else self._clip()
+        if not skipped:  # a skipped fp16 step leaves the weights as they were
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm, skipped
+
+    def _finish_host_step(self) -> tuple[float, bool]:
+        """The pool stepped its host optimizer: its latest update applied (synchronous: this step's;
+        asynchronous: the previous step's, or the one ``synchronize`` applied; none on a first step)."""
+        result = self.pipeline.last_step_result if self._drained is None else self._drained
+        self._drained = None
+        if result is None:
+            return math.nan, False
+        return result.grad_norm, result.skipped
+
+    def synchronize(self) -> None:
+        """Apply the host optimizer's update in flight (``optimizer.asynchronous``), so the weights are
+        every step's so far: call before reading or saving them, and before an evaluation. The next step
+        then runs on them, as after a synchronous step. A no-op otherwise."""
+        if self.host and getattr(self.optimizer, "in_flight", False):
+            self._drained = self.pipeline.synchronize()
+
+    def discard_gradients(self) -> None:
+        """Drop gradients that steps run only for their loss left (``data_eval`` on the pool)."""
+        if self.host:
+            self.pipeline.store.zero_grad()
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
 
     def scaler_scale_used(self) -> float:
         """The loss scale that multiplied this step's losses (before ``unscale_and_check`` changed it)."""
@@ -262,6 +319,15 @@ class Trainer:
     def load(self, directory: str | os.PathLike) -> None:
         """Load this rank's files of a complete checkpoint written by ``save`` (checksums verified)."""
         self.load_state_dict(checkpoint.load(directory))
+
+
+def _check_host_optimizer(pipeline, optimizer, scaler) -> None:
+    if getattr(pipeline, "optimizer", None) is not optimizer:
+        raise ValueError("a host optimizer given to the Trainer must be its pipeline's own (pipeline.optimizer)")
+    host = optimizer.host if isinstance(optimizer, AsyncHostOptimizer) else optimizer
+    if scaler.enabled and host.loss_scaler is not scaler:
+        raise ValueError("fp16 with the pool's host optimizer: give the Trainer the scaler the host optimizer "
+                         "unscales with (scaler=pipeline.optimizer.loss_scaler)")
 
 
 def _shared_parameters(layers, params, group) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
