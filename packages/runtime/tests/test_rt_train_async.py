@@ -38,7 +38,7 @@ class Batches:
         return tiny_batch(8, seed=index + 1)
 
 
-def _trainer(model, optimizer):
+def _trainer(model, optimizer, *, precision="fp32", scaler=None):
     """A Trainer over a 4-device CPU pool; ``optimizer``: host optimizer settings, or None (torch AdamW)."""
     loss = ScaledLoss(tiny_loss)
     pipe = RoundRobinPipeline(model, devices=["cpu"] * 4, num_microbatches=MICRO, loss_fn=loss, partition=CUT,
@@ -46,7 +46,7 @@ def _trainer(model, optimizer):
     torch_optimizer = _plain(model) if optimizer is None else pipe.optimizer
     scheduler = torch.optim.lr_scheduler.LambdaLR(getattr(torch_optimizer, "torch_optimizer", torch_optimizer), FACTOR)
     return Trainer(pipeline=pipe, layers=list(model), loss=loss, optimizer=torch_optimizer, scheduler=scheduler,
-                   num_microbatches=MICRO, grad_accum=ACCUM, max_grad_norm=CLIP)
+                   num_microbatches=MICRO, grad_accum=ACCUM, max_grad_norm=CLIP, precision=precision, scaler=scaler)
 
 
 def _plain(model):
@@ -115,6 +115,23 @@ def test_sync_host_optimizer_equals_the_previous_torch_optimizer_over_grad_withi
         a, b = host.train_step(data), previous.train_step(data)
         assert a.grad_norm == pytest.approx(b.grad_norm, rel=1e-5) and a.lr == b.lr and a.loss == pytest.approx(b.loss)
     assert _error(host_model, torch_model) <= 1e-5
+
+
+def test_fp16_sync_host_optimizer_unscales_with_the_trainers_scaler_as_the_torch_path_does():
+    from bubbleless_runtime.loss_scaling import DynamicLossScaler
+
+    host_model, torch_model, data = tiny_model(7), tiny_model(7), Batches()
+    with pytest.raises(ValueError, match="give the Trainer the scaler the host optimizer unscales with"):
+        _trainer(tiny_model(7), dict(SETTINGS), precision="fp16")
+    scaler = DynamicLossScaler(initial_scale=2.0**10)
+    host = _trainer(host_model, {**SETTINGS, "loss_scaler": scaler}, precision="fp16", scaler=scaler)
+    previous = _trainer(torch_model, None, precision="fp16")
+    previous.scaler.load_state_dict(scaler.state_dict())
+    for _ in range(3):
+        a, b = host.train_step(data), previous.train_step(data)
+        assert not a.skipped and not b.skipped and a.grad_norm == pytest.approx(b.grad_norm, rel=1e-4)
+    assert scaler.state_dict() == previous.scaler.state_dict()
+    assert _error(host_model, torch_model) <= 1e-4
 
 
 def test_evaluation_applies_the_update_in_flight_and_leaves_no_gradient_nor_update():
@@ -284,3 +301,33 @@ def test_the_roundrobin_example_with_the_stale_optimizer_trains_and_equals_the_p
     assert max(errors) <= 1e-5, max(errors)
     synchronous = _pool_api_run(config, saved["partition"], asynchronous=False)
     assert max(relative_error(got, w) for got, w in zip(saved["params"], synchronous, strict=True)) > 1e-4
+
+
+@pytest.mark.slow
+def test_sigterm_on_the_stale_pool_saves_the_drained_state_and_resume_latest_finishes(tmp_path):
+    import signal
+    import time
+
+    yaml_text = TINY.replace("steps: 6, save_every: 3, grad_accum: 2",
+                             "steps: 400, save_every: 2, checkpoint: true, keep_checkpoints: 1")
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml_text)
+    out = tmp_path / "out"
+    command = [sys.executable, "-c", "from bubbleless_runtime.cli import main; raise SystemExit(main())", "train",
+               str(config), "--output-dir", str(out)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    end = time.monotonic() + 240
+    while not (out / "latest").exists() and time.monotonic() < end and proc.poll() is None:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "bubbleless: stopped by SIGTERM after step" in err and "checkpoint saved at" in err, err[-3000:]
+    stopped_at = int(err.split("stopped by SIGTERM after step ")[1].split()[0])
+    saved = load_checkpoint(out / f"checkpoint-{stopped_at}")
+    assert saved["step"] == stopped_at and saved["masters"] is not None
+    assert all(torch.equal(p, m) for p, m in zip(saved["params"], saved["masters"], strict=True))  # drained
+    finished = _run(tmp_path, yaml_text.replace("steps: 400", f"steps: {stopped_at + 2}"), "--resume",
+                    str(out / f"checkpoint-{stopped_at}"), name="finished")
+    assert len(finished) == 2 and all(math.isfinite(x) for x in finished)
