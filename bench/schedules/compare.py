@@ -125,9 +125,25 @@ CLOSED_FORMS = [
     ("zbv", "span bubble", lambda t: t.span_bubble_rate, lambda p, m, v: 0.0, "="),
     ("zbv", "peak M_B", lambda t: t.max_peak_memory, lambda p, m, v: p, "<="),
     ("v-half", "peak M_B", lambda t: t.max_peak_memory, lambda p, m, v: (p + 2) // 2, "="),
+    ("v-half", "makespan 3m+b(M)/2", lambda t: t.makespan, lambda p, m, v: v_makespan(p, m, 2 * ((p + 2) // 2)), "="),
     ("v-min", "peak M_B", lambda t: t.max_peak_memory, lambda p, m, v: (p + 4) // 3, "="),
+    ("v-min", "makespan 3m+b(M)/2", lambda t: t.makespan, lambda p, m, v: v_makespan(p, m, 2 * ((p + 4) // 3)), "="),
 ]
+
+
+def v_bubble_slots(p: int, big_m: int) -> int:
+    """The PCM closed form b(M): idle chunk slots per rank of a V schedule holding ``big_m`` chunk activations."""
+    return 3 * p - 1 - 3 * big_m + max(3 * p, p + 1 + 2 * ((big_m + 1) // 2))
+
+
+def v_makespan(p: int, m: int, big_m: int) -> float:
+    """Unit per-rank costs (a chunk slot is 1/2): 3m of work plus b(M) idle slots, never below the ramp of
+    p-1 slots every V schedule has (b(2p) = 0 counts idle inside the spans; the makespan adds the ramp)."""
+    return 3 * m + max(v_bubble_slots(p, big_m), p - 1) / 2
 CLOSED_FORM_SHAPES = ((4, 8), (8, 24), (8, 32))
+V_CLOSED_FORM_SHAPES = ((4, 4), (4, 8), (4, 13), (8, 16), (8, 25), (16, 32), (16, 49))
+"""Where V-Half's and V-Min's makespan closed form is checked (p=2: their cap is 2p, ZB-V's closed form)."""
+SHAPES_OF = {"makespan 3m+b(M)/2": V_CLOSED_FORM_SHAPES}
 CHECK = {"=": lambda a, b: abs(a - b) <= 1e-9, "<=": lambda a, b: a <= b + 1e-9}
 
 
@@ -135,7 +151,7 @@ def closed_forms() -> str:
     rows = []
     names = set(available())
     for name, what, measure, formula, op in CLOSED_FORMS:
-        for p, m in CLOSED_FORM_SHAPES:
+        for p, m in SHAPES_OF.get(what, CLOSED_FORM_SHAPES):
             if name not in names:
                 rows.append([name, p, m, what, "not registered yet", "", "", ""])
                 break
@@ -255,19 +271,29 @@ def _timed(fn):
 def generation_time() -> str:
     p, m = 32, 256
     rows = []
-    try:  # zb's search is cached (auto asks zb, zb-h1 and zb-h2 the same question): time it cold
+    searches = []  # zb's and the V family's searches are cached (auto asks each the same question): time them cold
+    try:
         from bubbleless_schedules.generators.zb_auto import search as zb_search
+
+        searches.append(zb_search)
     except ImportError:
-        zb_search = None
-    for name in ("zb", "zb-h1", "zb-h2", "zbv", "v-half", "v-min"):  # the V family shares a search
+        pass
+    try:
+        from bubbleless_schedules.generators.vshape import search_v_schedule
+
+        searches.append(search_v_schedule)
+    except ImportError:
+        pass
+    # every stage-bound name (roundrobin dispatches layer costs over a pool: its time is in section (h))
+    for name in [n for n in available() if n != "roundrobin"]:
         if name not in available():
             rows.append([name, "-", "-", "-", "-", "not registered yet"])
             continue
         for limit in memory_limits(name, p):
             runs, note = [], ""
             for _ in range(3):
-                if zb_search is not None:
-                    zb_search.cache_clear()
+                for search in searches:
+                    search.cache_clear()
                 try:
                     runs.append(_timed(partial(generate, name, num_ranks=p, num_microbatches=m, costs=PAPER,
                                                memory_limit=limit)))

@@ -31,6 +31,7 @@ from ..simulate import simulate
 from .bounds import v_memory_bound
 from .local_search import adjacent_swaps, independent, schedule_evaluator, schedule_fits
 from .vshape_blocks import pcm_blocks, stable_block, v_block
+from .vshape_exact import exact_slot_orders
 from .vshape_greedy import GreedyResult, Policy, v_list_schedule
 from .vshape_stable import STABLE_UP_TO, stable_greedy_orders
 
@@ -287,8 +288,43 @@ def search_v_schedule(
             greedy = _fixed_result(p, m, stable_greedy_orders(p, m, kind), costs, input_grad_frees)
             if greedy.peak_chunks <= cap_chunks + 1e-9 and _better(greedy, best):
                 best = greedy
+    if p <= _EXACT_RANKS_UP_TO and 6 * p * m <= _EXACT_UP_TO and input_grad_frees == 0.0:
+        best = _exact(p, m, costs, cap_chunks, best)
     if 6 * p * m <= _LOCAL_SEARCH_UP_TO:
         best = _polish(p, m, costs, cap_chunks, input_grad_frees, best)
+    return best
+
+
+_EXACT_RANKS_UP_TO = 4
+_EXACT_UP_TO = 800
+_EXACT_BUDGET = 20_000
+"""Ranks and actions up to which even unit costs also get the exhaustive slot search (``vshape_exact``),
+and its budget in slot choices for the first makespan it tries (halved for each shorter one). At p=4 it
+settles a question in a few thousand choices; at p=8 the budget runs out (measured at m=16: nothing
+found in 10^6), so larger p is not asked."""
+
+
+def _exact(p: int, m: int, costs: Costs, cap_chunks: float, best: GreedyResult) -> GreedyResult:
+    """At even unit costs (one cost for every chunk pass, no comm), ask the exhaustive slot search for a
+    schedule one slot shorter than the best so far, then shorter again, while it finds one in budget."""
+    passes = {costs.of(kind, s, 2) for kind in (Kind.F, Kind.I, Kind.W) for s in range(2 * p)}
+    if len(passes) != 1 or costs.comm != 0:
+        return best
+    slot = passes.pop()
+    if slot <= 0:
+        return best
+    budget = _EXACT_BUDGET
+    target = round(best.makespan / slot) - 1
+    while budget > 0 and target >= 6 * m:
+        rows = exact_slot_orders(p, m, cap_chunks, target, node_budget=budget)
+        budget //= 2  # each shorter target is a harder question; stop before it costs more than the first
+        if rows is None:
+            break
+        found = _fixed_result(p, m, rows, costs, 0.0)
+        if found.peak_chunks > cap_chunks + 1e-9 or not _better(found, best):
+            break
+        best = found
+        target = round(best.makespan / slot) - 1
     return best
 
 
