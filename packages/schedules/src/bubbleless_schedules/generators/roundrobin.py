@@ -21,8 +21,10 @@ Options (all optional):
 - ``layer_costs``: a ``Costs`` whose fields are sequences with one value per layer, in model order with
   the LM head last (``recompute`` defaults to ``forward``, scalars apply to every layer). The generator
   then chooses the cut and the dispatch itself, judged by the simulator (``roundrobin_search``): jobs go
-  to the device that frees first, recompute may run ahead of the gradient into the waits, and the cut
-  may taper at both ends to shorten the wavefront's fill and drain. ``costs`` is then not used; the
+  to the device that frees first, recompute may run ahead of the gradient into the waits (also into a
+  paced forward job's waits, for the device's next backward job), the cut may taper at both ends to
+  shorten the wavefront's fill and drain, and a local search moves layers between groups while the
+  makespan shrinks (``roundrobin_refine``). ``costs`` is then not used; the
   cut options above, when given, pin the cut. Simulate the result with
   ``roundrobin_cut.job_costs(layer_costs, pool_groups(schedule))``.
 - ``recompute_ahead``: with ``layer_costs``, how many micro-batches a device may recompute before their
