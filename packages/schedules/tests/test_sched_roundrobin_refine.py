@@ -85,3 +85,25 @@ def test_a_long_forward_taper_starts_the_devices_sooner_and_is_a_candidate():
                    for g in cuts)
 
     assert best(TAPERS) < best(TAPERS[:3]) - 1.0
+
+
+def test_the_search_dispatches_within_its_budget_on_a_large_model(monkeypatch):
+    from bubbleless_schedules.generators import roundrobin_search
+
+    dispatched_actions = []
+    real = roundrobin_search.list_dispatch
+
+    def counting(groups, *args, **kwargs):
+        rows, makespan = real(groups, *args, **kwargs)
+        dispatched_actions.append(sum(len(row) for row in rows))
+        return rows, makespan
+
+    monkeypatch.setattr(roundrobin_search, "list_dispatch", counting)
+    monkeypatch.setattr(roundrobin_search, "SEARCH_BUDGET", 20_000)
+    layer_costs = profile(64, 1.5, 2.1)  # qwen3-32b-like: many one-layer backward jobs
+    ours = generate("roundrobin", num_ranks=8, num_microbatches=16, layer_costs=layer_costs)
+    validate(ours)
+    largest = max(dispatched_actions)
+    # candidates stop at half the budget, the finalists' three look-ahead variants add at most 9 dispatches
+    assert sum(dispatched_actions) <= 20_000 + 9 * largest
+    assert len(dispatched_actions) < len(candidate_cuts(layer_costs)) + 9
