@@ -161,11 +161,13 @@ def test_an_in_process_async_checkpoint_resumes_bit_identically(tmp_path):
         whole.train_step(data)
     whole.save(tmp_path / "checkpoint-3")
     assert not whole.optimizer.in_flight  # saving applied the update in flight
-    losses = [whole.train_step(data).loss for _ in range(3)]
+    after = [whole.train_step(data) for _ in range(3)]
     resumed = _trainer(tiny_model(7, seed=5), {**SETTINGS, "asynchronous": True})  # other weights: all reloaded
     resumed.load(tmp_path / "checkpoint-3")
     assert resumed.step == 3 and resumed.data_position == 3 * ACCUM
-    assert [resumed.train_step(data).loss for _ in range(3)] == losses
+    again = [resumed.train_step(data) for _ in range(3)]
+    assert [(s.loss, s.grad_norm, s.lr) for s in again] == [(s.loss, s.grad_norm, s.lr) for s in after]
+    assert math.isfinite(after[0].grad_norm)  # the update the save applied, reported by the next step
     a, b = whole.state_dict(), resumed.state_dict()
     assert all(torch.equal(x, y) for x, y in zip(a["params"], b["params"], strict=True))
     assert all(torch.equal(x, y) for x, y in zip(a["masters"], b["masters"], strict=True))
@@ -243,6 +245,12 @@ def test_async_pool_resume_in_a_fresh_process_is_bit_identical_to_the_uninterrup
     whole = _run(tmp_path, TINY, name="whole")
     resumed = _run(tmp_path, TINY, "--resume", str(tmp_path / "whole" / "checkpoint-3"), name="resumed")
     assert len(whole) == 6 and resumed == whole[3:]
+
+    def logged(name):
+        rows = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        return [(r["step"], r["loss"], r["lr"], r["grad_norm"]) for r in rows if r["step"] > 3]
+
+    assert logged("resumed") == logged("whole")  # the norm the checkpoint's drain applied included
     a = load_checkpoint(tmp_path / "whole" / "checkpoint-6")
     b = load_checkpoint(tmp_path / "resumed" / "checkpoint-6")
     assert a["step"] == b["step"] == 6 and a["data_position"] == b["data_position"] == 12

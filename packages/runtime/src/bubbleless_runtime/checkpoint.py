@@ -28,6 +28,7 @@ import shutil
 import torch
 import torch.distributed as dist
 
+from bubbleless_offload import HostStepResult
 from bubbleless_schedules.roundrobin_layout import PoolGroups
 
 from . import checkpoint_files as files
@@ -48,6 +49,7 @@ def capture(trainer) -> dict:
         "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
         "step": trainer.step,
         "data_position": trainer.data_position,
+        "drained": None if trainer.drained is None else [trainer.drained.grad_norm, trainer.drained.skipped],
     }
 
 
@@ -122,6 +124,8 @@ def restore(trainer, state: dict) -> None:
     torch.set_rng_state(state["rng"]["torch"])
     random.setstate(state["rng"]["python"])
     trainer.step, trainer.data_position = state["step"], state["data_position"]
+    drained = state.get("drained")
+    trainer.drained = None if drained is None else HostStepResult(grad_norm=drained[0], skipped=drained[1])
 
 
 def _name(rank: int) -> str:

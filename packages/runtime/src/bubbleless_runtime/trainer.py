@@ -172,7 +172,9 @@ class Trainer:
         if self.host:
             _check_host_optimizer(pipeline, optimizer, self.scaler)
         self._finish = self._finish_host_step if self.host else self._finish_rank_step
-        self._drained = None  # the update Trainer.synchronize applied, not yet reported in a StepStats
+        self.drained = None
+        """The ``HostStepResult`` of the update ``synchronize`` applied, for the next ``StepStats`` (kept in
+        checkpoints, so a resumed run reports what the uninterrupted one does)."""
         self.step = 0
         self.data_position = 0
         self.shared, self.norm_owned = _shared_parameters(layers, self.params, group)
@@ -224,8 +226,8 @@ class Trainer:
     def _finish_host_step(self) -> tuple[float, bool]:
         """The pool stepped its host optimizer: its latest update applied (synchronous: this step's;
         asynchronous: the previous step's, or the one ``synchronize`` applied; none on a first step)."""
-        result = self.pipeline.last_step_result if self._drained is None else self._drained
-        self._drained = None
+        result = self.pipeline.last_step_result if self.drained is None else self.drained
+        self.drained = None
         if result is None:
             return math.nan, False
         return result.grad_norm, result.skipped
@@ -235,7 +237,7 @@ class Trainer:
         every step's so far: call before reading or saving them, and before an evaluation. The next step
         then runs on them, as after a synchronous step. A no-op otherwise."""
         if self.host and getattr(self.optimizer, "in_flight", False):
-            self._drained = self.pipeline.synchronize()
+            self.drained = self.pipeline.synchronize()
 
     def discard_gradients(self) -> None:
         """Drop gradients that steps run only for their loss left (``data_eval`` on the pool)."""
