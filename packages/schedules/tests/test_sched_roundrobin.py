@@ -173,8 +173,13 @@ def test_validator_catches_broken_jobs():
     schedule = generate("roundrobin", **SMALL)
     moved = _edited(schedule, 0, 2, [])  # 0F1 off device 0 ...
     moved = _edited(moved, 1, 0, [Action(1, Kind.LOAD), Action(0, Kind.F, 1)])  # ... onto device 1
-    with pytest.raises(ValueError, match="job 0 runs on devices \\[0, 1\\]"):
+    with pytest.raises(ValueError, match="job 0 needs exactly one LOAD on device 1"):  # a split job loads on each
         validate(moved)
+    validate(_edited(moved, 1, 0, [Action(0, Kind.LOAD), Action(1, Kind.LOAD)]))  # then the split is valid
+    half = _edited(schedule, 0, 7, [])  # 2R1 off device 0, onto device 1 while its 2B1 stays
+    half = _edited(half, 1, 0, [Action(1, Kind.LOAD), Action(2, Kind.LOAD), Action(2, Kind.R, 1), Action(2, Kind.STORE)])
+    with pytest.raises(ValueError, match=r"micro-batch 1 of backward job 2 runs on devices \[0, 1\]"):
+        validate(half)
     no_store = _edited(schedule, 1, 7, [])
     assert str(schedule.actions[1][7]) == "1STORE"
     with pytest.raises(ValueError, match="last job 1 needs exactly one STORE"):

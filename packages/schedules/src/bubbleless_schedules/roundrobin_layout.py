@@ -35,6 +35,12 @@ path and may fill a wait (zero-bubble's idea inside the pool). I frees ``input_g
 micro-batch's activations, W the rest. The pool executor has no I/W handlers: ``roundrobin`` emits
 them only with ``split_backward=True``.
 
+**Split jobs.** A job's micro-batches may be split over several devices (each micro-batch's actions on
+one device): each of those devices LOADs the job's weights and, for a gradient job, STOREs its partial
+gradients, which the host accumulators sum. The next job reads each micro-batch's events from the board
+whichever device made them. This lets the job that paces the step (often the fused last group) run on
+two devices at the cost of one more upload of its weights.
+
 **Memory (in M_B).** As for the pipelines, M_B is one micro-batch's activations through ``L/p``
 layers. Forward jobs keep nothing on the device (stage inputs go to host memory); R and the fused
 last group's F hold ``n * p / L`` until the micro-batch's B frees it, so a device's peak is one
@@ -172,10 +178,8 @@ class RoundRobinLayout:
         problem = _meaningless(action, role)
         if problem:
             raise ValueError(problem)
-        if kind is Kind.LOAD:
+        if kind in (Kind.LOAD, Kind.STORE):  # a STORE follows the job's B/W on its device in the device's order
             return ()
-        if kind is Kind.STORE:
-            return tuple(("G", j, mb) for mb in range(schedule.num_microbatches))
         if kind is Kind.F:
             return (("F", j - 1, m),) if j > 0 else ()
         if kind is Kind.R:
@@ -189,8 +193,8 @@ class RoundRobinLayout:
 
     def produces(self, action: Action, schedule) -> tuple[Event, ...]:
         j, m, kind = action.stage, action.microbatch, action.kind
-        if kind in (Kind.LOAD, Kind.STORE):
-            return ((kind.value, j),)
+        if kind in (Kind.LOAD, Kind.STORE):  # no event: a split job has one LOAD/STORE per device
+            return ()
         if kind is Kind.I:
             return (("G", j, m), ("I", j, m))
         return (({Kind.F: "F", Kind.R: "R", Kind.B: "G", Kind.W: "W"}[kind], j, m),)
@@ -218,8 +222,9 @@ class RoundRobinLayout:
         return costs.of(action.kind, action.stage, share)
 
     def missing(self, schedule) -> list[str]:
-        """Each job runs on one device with its role's actions once per micro-batch; LOAD/STORE either
-        absent everywhere, or one LOAD before each job and one STORE after each gradient job."""
+        """Each job's role's actions once per micro-batch, each micro-batch's actions on one device (a
+        job's micro-batches may be split over devices); LOAD/STORE either absent everywhere, or on each
+        device running part of a job one LOAD before its part and one STORE after it (gradient jobs)."""
         try:
             groups = pool_groups(schedule)
         except ValueError as exc:
@@ -228,9 +233,9 @@ class RoundRobinLayout:
             return [f"meta describes {groups.num_stages} jobs but the schedule has {schedule.num_stages} stages"]
         problems = []
         counts = Counter(a for _, _, a in schedule.all_actions())
-        workers = defaultdict(set)
+        devices = defaultdict(set)  # (job, micro-batch) -> the devices running its compute actions
         for worker, _, action in schedule.all_actions():
-            workers[action.stage].add(worker)
+            devices[(action.stage, action.microbatch)].add(worker)
             if action.stage < groups.num_stages and _meaningless(action, groups.role(action.stage)):
                 problems.append(_meaningless(action, groups.role(action.stage)))
         transfers = any(a.kind in (Kind.LOAD, Kind.STORE) for a in counts)
@@ -239,10 +244,14 @@ class RoundRobinLayout:
             return problems + _round_problems(schedule, groups, round_size, transfers, counts)
         for j in range(groups.num_stages):
             role = groups.role(j)
-            if len(workers[j]) > 1:
-                problems.append(f"job {j} runs on devices {sorted(workers[j])}; a job runs on one device")
             for m in range(schedule.num_microbatches):
                 problems += _compute_problems(j, role, m, counts)
+                where = devices.get((j, m), set())
+                if len(where) > 1:
+                    problems.append(
+                        f"micro-batch {m} of {role} job {j} runs on devices {sorted(where)}; a job's micro-batches "
+                        f"may be split over devices, but each micro-batch's actions run on one device"
+                    )
             if transfers:
                 problems += _transfer_problems(schedule, j, role)
         return problems
@@ -286,9 +295,11 @@ def _compute_problems(j: int, role: str, m: int, counts: Counter) -> list[str]:
                 and counts[Action(j, Kind.W, m)] == 1:
             continue
         split = kind is Kind.B and (counts[Action(j, Kind.I, m)] or counts[Action(j, Kind.W, m)])
-        if counts[Action(j, kind, m)] != 1 or split:
-            problems.append(f"{role} job {j} has {counts[Action(j, kind, m)]} of {Action(j, kind, m)}, needs 1"
-                            + (" (or I and W once each instead)" if kind is Kind.B else ""))
+        have = counts[Action(j, kind, m)]
+        if have != 1 or split:
+            problems.append(f"{role} job {j} has {have} of {Action(j, kind, m)}, needs 1"
+                            + (" (or I and W once each instead)" if kind is Kind.B else "")
+                            + (f": micro-batch {m} of job {j} is on no device" if have == 0 and not split else ""))
     return problems
 
 
@@ -304,19 +315,19 @@ def _meaningless(action: Action, role: str) -> str | None:
 
 
 def _transfer_problems(schedule, stage: int, role: str) -> list[str]:
-    """LOAD first and (for gradient jobs) STORE last among the job's actions on its device."""
-    for actions in schedule.actions:
+    """On every device running part of the job: LOAD first and (for gradient jobs) STORE last among the
+    job's actions there (a job split over devices uploads its weights and stores its gradients on each)."""
+    problems = []
+    wants_store = role != "forward"
+    for device, actions in enumerate(schedule.actions):
         mine = [a.kind for a in actions if a.stage == stage]
         if not mine:
             continue
-        wants_store = role != "forward"
-        expected_load, expected_store = Kind.LOAD, (Kind.STORE if wants_store else None)
-        problems = []
-        if mine[0] is not expected_load or mine.count(Kind.LOAD) != 1:
-            problems.append(f"job {stage} needs exactly one LOAD, before its first micro-batch")
-        if wants_store and (mine[-1] is not expected_store or mine.count(Kind.STORE) != 1):
-            problems.append(f"{role} job {stage} needs exactly one STORE, after its last micro-batch")
+        if mine[0] is not Kind.LOAD or mine.count(Kind.LOAD) != 1:
+            problems.append(f"job {stage} needs exactly one LOAD on device {device}, before its first micro-batch there")
+        if wants_store and (mine[-1] is not Kind.STORE or mine.count(Kind.STORE) != 1):
+            problems.append(f"{role} job {stage} needs exactly one STORE on device {device}, after its last "
+                            "micro-batch there")
         if not wants_store and Kind.STORE in mine:
             problems.append(f"forward job {stage} computes no gradients and takes no STORE")
-        return problems
-    return []
+    return problems
