@@ -205,6 +205,55 @@ def test_validation_still_names_the_first_problem():
         validate(schedule.replace(actions=rows))
 
 
+def _rescanning_stable_greedy(p: int, m: int, kind: str) -> list[list[Action]]:
+    """The published greedy's sweep as first written: the whole rank's peak recomputed for every tried move."""
+    from bubbleless_schedules.generators import vshape_stable as vs
+    from bubbleless_schedules.generators.vshape_blocks import stable_block
+
+    def peak(cells) -> int:
+        held = top = 0
+        for t in sorted(cells):
+            held += 1 if cells[t][0] is Kind.F else -1 if cells[t][0] is Kind.W else 0
+            top = max(top, held)
+        return top
+
+    n = 2 * p
+    rank_of = [s if s < p else n - 1 - s for s in range(n)]
+    grid: list[dict] = [{} for _ in range(p)]
+    for (k_, stage), slot in stable_block(p, kind).items():
+        if k_ is not Kind.W:
+            for k in range(m):
+                grid[rank_of[stage]][slot + 6 * k] = (k_, stage, k)
+    for cells in grid:
+        vs._fill_w(cells)
+    at = {(k_, s, k): t for cells in grid for t, (k_, s, k) in cells.items()}
+    peaks = [peak(cells) for cells in grid]
+    for t, r, (k_, s, k) in sorted((t, r, c) for r, cells in enumerate(grid) for t, c in cells.items()):
+        if k_ is Kind.W:
+            continue
+        cells = grid[r]
+        for slot in range(vs._ready_slot(at, k_, s, k, n), t):
+            if slot in cells:
+                continue
+            cells[slot] = cells.pop(t)
+            if k_ is not Kind.F or peak(cells) <= peaks[r]:
+                at[(k_, s, k)] = slot
+                break
+            cells[t] = cells.pop(slot)
+    return [[Action(s, k_, k) for _, (k_, s, k) in sorted(cells.items())] for cells in grid]
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 6, 9])
+@pytest.mark.parametrize("kind", ["v-min", "v-half"])
+def test_stable_greedy_keeps_its_peak_incrementally(p, kind):
+    """vshape_stable updates each rank's held-activation levels per move instead of recomputing the peak
+    per tried slot (which limited it to 6,200 actions): the orders are the rescanning sweep's."""
+    from bubbleless_schedules.generators.vshape_stable import stable_greedy_orders
+
+    for m in (1, p, 2 * p + 1, 3 * p):
+        assert stable_greedy_orders(p, m, kind) == _rescanning_stable_greedy(p, m, kind), m
+
+
 @pytest.mark.parametrize("p", [1, 2, 3, 5, 8])
 def test_block_tokens_equal_the_action_orders(p):
     for m in (1, 2, 5, 13):

@@ -49,7 +49,14 @@ _FIXED_ORDER = Policy(fill_w=False)
 _SEARCH_BUDGET = 100_000
 """Actions the search may schedule in all (one try at p=32, m=256 schedules 49k in about 0.15 s), so
 large shapes try only the first candidates; shapes of up to 6,200 actions (p=32 m=32, p=16 m=64) get
-twice as much (0.6 s at most), which lets every PCM block as short as the twelfth fitting one be tried."""
+twice as much (0.6 s at most), which lets every PCM block as short as the twelfth fitting one be tried.
+Shapes of up to ``_MIN_TRIES_UP_TO`` actions (p=32 at m <= 64) try at least ``_MIN_TRIES`` candidates
+(about 3 s at p=32 m=64): at p=32 m=32 and m=64 a short PCM block with its W's labelled, reordered within
+8 actions, is what the block-search reference wins with (comm-heavy v-min, m=32: 294.5 against our 295.5
+before, from the third-shortest block; W-light m=64 reordered within 3), so tight caps try those right
+after the first blocks."""
+_MIN_TRIES = 40
+_MIN_TRIES_UP_TO = 12_400
 
 
 def zbv_script(rank: int, num_ranks: int, num_microbatches: int, deferred_w: int = 0) -> list[str]:
@@ -155,14 +162,16 @@ def _candidates(p: int, m: int, cap_chunks: float):
         yield from _stable_candidates(p, m, cap_chunks)
         yield from islice(pcm, 2)  # the shortest fitting block, reordered: what wins most tight caps
     tight = cap_chunks < p + 2  # tight caps: the repeated block beats the list scheduler
-    if tight:
+    if tight:  # the block search as the paper runs it (its W's labelled, reordered within 8): see _MIN_TRIES
+        yield from _pcm_candidates(p, m, cap_chunks, labelled=True)
         yield from _block_candidate(p, m, cap_chunks)
     for policy in _POLICIES:
         yield None, policy
     if not tight:
         yield from _block_candidate(p, m, cap_chunks)
     yield from pcm
-    yield from _pcm_candidates(p, m, cap_chunks, labelled=True)
+    if not tight:
+        yield from _pcm_candidates(p, m, cap_chunks, labelled=True)
 
 
 _PCM_POLICIES = (
@@ -192,7 +201,8 @@ def _pcm_candidates(p: int, m: int, cap_chunks: float, labelled: bool = False):
     """The controllable-memory paper's building-block search (``vshape_blocks.pcm_blocks``): the
     shortest blocks whose repeated order fits ``cap_chunks``, each run under ``_PCM_POLICIES``; with
     ``labelled``, only each block with its W's naming their chunk, reordered within 3 and 8 actions
-    (tried last, so the search budget of large shapes is spent on the rest first)."""
+    (early for tight caps, where the paper's search wins with them; last otherwise, so the search budget of
+    large shapes is spent on the rest first)."""
     tried, last_length = 0, None
     for block in pcm_blocks(p):
         length = max(block.values()) + 1
@@ -271,12 +281,15 @@ def search_v_schedule(
     costs.check_stages(2 * p)
     best: GreedyResult | None = None
     spent, per_try = 0, 6 * p * m
+    budget = _SEARCH_BUDGET if per_try > 6_200 else 2 * _SEARCH_BUDGET
+    if per_try <= _MIN_TRIES_UP_TO:
+        budget = max(budget, _MIN_TRIES * per_try)
     for scripts, policy in _candidates(p, m, cap_chunks):
         result = v_list_schedule(p, m, costs, cap_chunks, policy, input_grad_frees, scripts)
         spent += per_try
         if result is not None and result.peak_chunks <= cap_chunks + 1e-9 and _better(result, best):
             best = result
-        if best is not None and spent + per_try > (_SEARCH_BUDGET if per_try > 6_200 else 2 * _SEARCH_BUDGET):
+        if best is not None and spent + per_try > budget:
             break  # before the next candidate is built: scripts for large shapes take time to write
     assert best is not None, "the unscripted list scheduler always finishes"
     if cap_chunks >= 2 * p - 1e-9 and 6 * p * m <= _FIXED_ORDERS_UP_TO:
