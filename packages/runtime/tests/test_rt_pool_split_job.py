@@ -7,7 +7,7 @@ import pytest
 
 from bubbleless_runtime._testing import reference_grads, relative_error, tiny_batch, tiny_loss, tiny_model
 from bubbleless_runtime.pool import RoundRobinPipeline
-from bubbleless_schedules import Action, Kind, generate
+from bubbleless_schedules import Action, Costs, Kind, generate
 from bubbleless_schedules.roundrobin_layout import peak_weight_layers, pool_groups
 
 CPU4 = ["cpu"] * 4
@@ -107,3 +107,19 @@ def test_rt_pool_split_job_micro_batch_run_twice_is_named():
     rows[3] = [Action(2, Kind.F, 1), Action(2, Kind.B, 1)] + rows[3]  # also still on device 2
     with pytest.raises(ValueError, match=re.escape("has 2 of 2F1")):
         _pipe(base.replace(actions=rows))
+
+
+def test_rt_pool_runs_the_split_the_roundrobin_generator_emits():
+    """The shapes ``generate("roundrobin", layer_costs=...)`` emits when a heavy fused group paces the step."""
+    layer_costs = Costs([1.0] * 6 + [4.0], [1.1] * 6 + [4.0], [1.1] * 6 + [4.0], 0.1)
+    schedule = generate("roundrobin", num_ranks=4, num_microbatches=M, layer_costs=layer_costs)
+    devices = {}
+    for d, row in enumerate(schedule.actions):
+        for a in row:
+            if a.microbatch is not None:
+                devices.setdefault(a.stage, set()).add(d)
+    assert any(len(where) == 2 for where in devices.values())  # a job on two devices
+    pipe, model, ref, inputs, targets, loss = _run(schedule)
+    want_loss, want = reference_grads(ref, inputs, targets, M)
+    assert max(relative_error(p.grad, want[n]) for n, p in model.named_parameters()) <= 1e-5
+    assert abs(float(loss) - float(want_loss)) <= 1e-5 * abs(float(want_loss))

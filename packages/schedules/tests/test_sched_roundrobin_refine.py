@@ -104,6 +104,7 @@ def test_the_search_dispatches_within_its_budget_on_a_large_model(monkeypatch):
     ours = generate("roundrobin", num_ranks=8, num_microbatches=16, layer_costs=layer_costs)
     validate(ours)
     largest = max(dispatched_actions)
-    # candidates stop at half the budget, the finalists' three look-ahead variants add at most 9 dispatches
-    assert sum(dispatched_actions) <= 20_000 + 9 * largest
-    assert len(dispatched_actions) < len(candidate_cuts(layer_costs)) + 9
+    # candidates stop at half the budget, the finalists' three look-ahead variants add at most 9 dispatches,
+    # their splits of the pacing jobs (the fused group and the heaviest job, two ways each) at most 12
+    assert sum(dispatched_actions) <= 20_000 + 21 * largest
+    assert len(dispatched_actions) < len(candidate_cuts(layer_costs)) + 21

@@ -24,7 +24,9 @@ Options (all optional):
   to the device that frees first, recompute may run ahead of the gradient into the waits (also into a
   paced forward job's waits, for the device's next backward job), the cut may taper at both ends to
   shorten the wavefront's fill and drain, and a local search moves layers between groups while the
-  makespan shrinks (``roundrobin_refine``). ``costs`` is then not used; the
+  makespan shrinks (``roundrobin_refine``); the job that paces the step (the fused last group, or the
+  heaviest job) may run on two devices, half its micro-batches each (one more upload of its weights).
+  ``costs`` is then not used; the
   cut options above, when given, pin the cut. Simulate the result with
   ``roundrobin_cut.job_costs(layer_costs, pool_groups(schedule))``.
 - ``recompute_ahead``: with ``layer_costs``, how many micro-batches a device may recompute before their

@@ -25,15 +25,33 @@ group upstream waits between its micro-batches too) takes its next backward job 
 so at most two jobs' weights are ever needed on a device. Activation memory: a device holds at most
 ``ahead`` micro-batches of its current group and ``max(ahead - 1, next_ahead)`` of its next (1 and 0:
 RoundPipe's one at a time). The simulator judges the result; this only chooses the order.
+
+A job may be split (``parts``): its micro-batches in two parts dealt as two units, so the job that paces
+the step (often the fused last group: LM head, loss and backward over every micro-batch) runs on two
+devices at once, each uploading the job's weights and storing its partial gradients.
 """
 
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..action import Action, Kind
 from ..roundrobin_layout import PoolGroups
+
+SPLITS = {
+    "halves": lambda mbs: (range(0, (mbs + 1) // 2), range((mbs + 1) // 2, mbs)),
+    "interleaved": lambda mbs: (range(0, mbs, 2), range(1, mbs, 2)),
+}
+"""How a split job's micro-batches are cut in two parts (one per device)."""
+
+
+def split_parts(job: int, how: str, num_microbatches: int) -> dict[int, tuple[range, ...]]:
+    """``parts`` for ``list_dispatch``: ``job``'s micro-batches in two parts, ``how`` one of ``SPLITS``."""
+    if num_microbatches < 2:
+        raise ValueError(f"a job splits over two devices only with 2 or more micro-batches, got {num_microbatches}")
+    return {job: SPLITS[how](num_microbatches)}
 
 
 @dataclass(frozen=True)
@@ -51,13 +69,22 @@ class JobTimes:
 
 def list_dispatch(groups: PoolGroups, times: JobTimes, num_devices: int, num_microbatches: int,
                   ahead: int, round_size: int | None = None, next_ahead: int = 0,
+                  parts: dict[int, tuple[Sequence[int], ...]] | None = None,
                   ) -> tuple[list[list[Action]], float]:
     """Each device's action order (see the module docstring) and the makespan the list scheduler saw
-    (at least what the simulator gives for that order: it replays each action as early as possible)."""
+    (at least what the simulator gives for that order: it replays each action as early as possible).
+
+    ``parts``: job -> its micro-batches cut into parts (``split_parts``), each part a unit of its own
+    dealt like any job (so usually to another device: a split job, one LOAD and STORE per device)."""
     count, mbs = groups.num_stages, num_microbatches
     roles = [groups.role(j) for j in range(count)]  # read once: role() is a method call per action
+    if parts and round_size is not None:
+        raise ValueError("list_dispatch: parts= split whole jobs; with round_size every round is a unit already")
     size = mbs if round_size is None else round_size
-    units = [(job, range(r, min(r + size, mbs))) for r in range(0, mbs, size) for job in range(count)]
+    if round_size is None:
+        units = [(job, part) for job in range(count) for part in (parts or {}).get(job, (range(mbs),))]
+    else:
+        units = [(job, range(r, min(r + size, mbs))) for r in range(0, mbs, size) for job in range(count)]
     feeds = []
     for job in range(count):
         if roles[job] == "backward":

@@ -1,0 +1,89 @@
+"""``roundrobin`` with per-layer costs may run the job that paces the step on two devices (a split job)."""
+
+import pytest
+
+from bubbleless_schedules import Costs, generate, simulate, validate
+from bubbleless_schedules.generators.roundrobin_cut import job_costs
+from bubbleless_schedules.generators.roundrobin_dispatch import JobTimes, list_dispatch, split_parts
+from bubbleless_schedules.generators.roundrobin_search import dispatched
+from bubbleless_schedules.roundrobin_layout import pool_groups
+
+
+def profile(layers: int, head: float, backward: float, comm: float = 0.1, load: float | None = None) -> Costs:
+    """RoundPipe-like: F 1 per layer, B ``backward`` x F split evenly into I and W, the head last."""
+    half = backward / 2
+    moved = {} if load is None else {"load": [load] * (layers + 1), "store": [load] * (layers + 1)}
+    return Costs([1.0] * layers + [head], [half] * layers + [head], [half] * layers + [head], comm, **moved)
+
+
+HEAVY_HEAD = profile(16, 6.0, 2.2)
+"""The fused LM-head group (F 6, B 12 per micro-batch) paces 8 devices: every gradient waits for it."""
+
+
+def _split_jobs(schedule):
+    devices = {}
+    for d, row in enumerate(schedule.actions):
+        for a in row:
+            if a.microbatch is not None:
+                devices.setdefault(a.stage, set()).add(d)
+    return {job: sorted(where) for job, where in devices.items() if len(where) > 1}
+
+
+def _variants(groups, layer_costs, m, split_job):
+    return [dispatched(groups, layer_costs, num_devices=8, num_microbatches=m, ahead=look, next_ahead=na,
+                       split_job=split_job)
+            for look in (1, 2) for na in (0, m)]
+
+
+def test_split_fused_group_validates_is_above_the_bound_and_beats_every_unsplit_dispatch():
+    m = 8
+    ours = generate("roundrobin", num_ranks=8, num_microbatches=m, layer_costs=HEAVY_HEAD)
+    groups = pool_groups(ours)
+    validate(ours)
+    assert _split_jobs(ours) == {groups.last_stage: _split_jobs(ours)[groups.last_stage]}  # the fused group
+    assert len(_split_jobs(ours)[groups.last_stage]) == 2
+    timeline = simulate(ours, job_costs(HEAVY_HEAD, groups))
+    work = sum(s.end - s.start for s in timeline.spans)
+    assert timeline.makespan >= work / 8 - 1e-9
+    unsplit = min(simulate(s, c).makespan for s, c, _ in _variants(groups, HEAVY_HEAD, m, None))
+    split = [simulate(s, c).makespan for how in ("halves", "interleaved")
+             for s, c, _ in _variants(groups, HEAVY_HEAD, m, ("last", how))]
+    assert timeline.makespan < unsplit - 1e-9 and min(split) < unsplit - 1e-9
+    # the split job uploads its weights once more: one more LOAD and STORE than jobs (stores: gradient jobs)
+    loads = sum(a.kind.value == "LOAD" for _, _, a in ours.all_actions())
+    assert loads == groups.num_stages + 1
+
+
+@pytest.mark.parametrize("how", ["halves", "interleaved"])
+def test_split_parts_cover_every_micro_batch_once_on_two_devices(how):
+    groups = pool_groups(generate("roundrobin", num_ranks=8, num_microbatches=7, layer_costs=HEAVY_HEAD))
+    schedule, costs, makespan = dispatched(groups, HEAVY_HEAD, num_devices=8, num_microbatches=7, ahead=1,
+                                           split_job=("last", how))
+    validate(schedule)
+    where = {}
+    for d, row in enumerate(schedule.actions):
+        for a in row:
+            if a.stage == groups.last_stage and a.microbatch is not None:
+                where.setdefault(a.microbatch, set()).add(d)
+    assert sorted(where) == list(range(7)) and all(len(w) == 1 for w in where.values())
+    assert len(set().union(*where.values())) == 2
+    assert simulate(schedule, costs).makespan <= makespan + 1e-9  # the list scheduler's time is an upper bound
+
+
+def test_uploads_that_cost_more_than_the_split_saves_keep_the_job_on_one_device():
+    costly = profile(16, 6.0, 2.2, load=40.0)  # each layer's upload as long as 40 forward layers
+    m = 8
+    ours = generate("roundrobin", num_ranks=8, num_microbatches=m, layer_costs=costly)
+    groups = pool_groups(ours)
+    span = simulate(ours, job_costs(costly, groups)).makespan
+    unsplit = min(simulate(s, c).makespan for s, c, _ in _variants(groups, costly, m, None))
+    assert span <= unsplit + 1e-9  # judged with LOAD/STORE: never worse than the best unsplit order
+
+
+def test_split_errors_say_what_to_change():
+    groups = pool_groups(generate("roundrobin", num_ranks=8, num_microbatches=8, layer_costs=HEAVY_HEAD))
+    times = JobTimes(*(tuple([1.0] * groups.num_stages),) * 3)
+    with pytest.raises(ValueError, match="with round_size every round is a unit already"):
+        list_dispatch(groups, times, 8, 8, 1, round_size=4, parts=split_parts(groups.last_stage, "halves", 8))
+    with pytest.raises(ValueError, match="only with 2 or more micro-batches"):
+        split_parts(0, "halves", 1)
