@@ -5,9 +5,12 @@ same ``memory_limit``; those that refuse the shape or the limit (``ValueError``)
 stage-bound (``stage_to_rank is None``, e.g. round-robin pools, which need a different runtime) are
 skipped. The rest are simulated under the given costs, and the one with the smallest makespan wins
 (ties: lower peak memory, then the order tried). Generators are tried lowest lower bound first
-(``bounds``; among equal bounds the one with the lowest declared peak first), and one whose bound is
-not below the best makespan so far is skipped, as it could at most tie (at unit costs and m >= 2p ZB-V
-reaches the V placement's bound, so DualPipeV and the one-chunk schedules are not built). The returned
+(``bounds``: the placement's, or a memory bound the generator publishes, as the V family does; among
+equal bounds the one with the lowest declared peak first), and one whose bound is above the best
+makespan so far is skipped, as is one whose bound equals it without a lower declared peak: it could at
+most tie (at unit costs and m >= 2p ZB-V reaches the V placement's bound, so DualPipeV and the one-chunk
+schedules are not built; at p=32, m=256 on the paper's profile V-Min's and V-Half's caps forbid
+reaching ZB-V's makespan, so their searches are not run either). The returned
 schedule keeps its generator's name, so the choice is visible.
 
 Speed (p=32, m=256 is the issue's yardstick): a generator is asked for the full shape only once a
@@ -15,7 +18,8 @@ two-rank probe has shown it stage-bound, so a round-robin pool is never built ju
 ``auto`` does not go through the registry's median re-run for uneven per-stage costs
 (``auto.median_checked``): each candidate already had it, so the median-steered ``auto`` could only pick one
 of the schedules already compared under the true costs. Candidates skip the validator (simulating them
-raises on a deadlock or a missing action); the registry validates the winner.
+raises on a deadlock or a missing action) and are timed without building their timelines
+(``simulated_makespan``); the registry validates the winner.
 """
 
 from __future__ import annotations
@@ -36,16 +40,18 @@ def stage_bound_candidates(
 ) -> list[tuple[float, float, Schedule]]:
     """(makespan, peak memory, schedule) of the registered stage-bound schedules that fit, lowest bound first.
 
-    A generator whose lower bound (``bounds.placement_bound``) is not below the best makespan found so far
-    is skipped: it could at most tie. The list is in the order tried (bound, then registry order)."""
+    A generator whose lower bound (``bounds.placement_bound``, or a memory bound it publishes) is above the
+    best makespan found so far is skipped, and so is one whose bound equals it unless its declared peak is
+    below the best's (it could at most tie, and ties go to the lower peak). The list is in the order tried (bound, then registry order)."""
     names = [name for name in available() if name != SELF and _stage_bound(name)]
     bounds = {name: _bound(name, num_ranks, num_microbatches, costs, memory_limit, input_grad_frees) for name in names}
     found, best = [], float("inf")
     cap = float("inf") if memory_limit is None else memory_limit
     frugal = {name: min(cap, _peak_hint(name, num_ranks, num_microbatches)) for name in names}
+    best_peak = float("inf")
     for name in sorted(names, key=lambda n: (bounds[n], frugal[n], names.index(n))):
-        if bounds[name] >= best - 1e-9:
-            continue
+        if bounds[name] > best + 1e-9 or (bounds[name] >= best - 1e-9 and frugal[name] >= best_peak - 1e-9):
+            continue  # it could not be faster, nor tie with less memory (ties go to the lower peak)
         try:
             schedule = generate(
                 name, num_ranks=num_ranks, num_microbatches=num_microbatches, costs=costs,
@@ -56,8 +62,10 @@ def stage_bound_candidates(
             makespan = simulated_makespan(schedule, costs)
         except ValueError:  # this shape, limit or per-stage cost list is not one it supports
             continue
-        found.append((makespan, max(peak_memory(schedule, input_grad_frees), default=0.0), schedule))
-        best = min(best, makespan)
+        peak = max(peak_memory(schedule, input_grad_frees), default=0.0)
+        found.append((makespan, peak, schedule))
+        if (round(makespan, 9), peak) < (round(best, 9), best_peak):
+            best, best_peak = makespan, peak
     return found
 
 

@@ -12,8 +12,8 @@ publish ``fn.peak_of = <(num_ranks, num_microbatches) -> the most M_B it uses wi
 equal bounds ``auto`` tries the most frugal first, so a tie it then skips could not have had less memory.
 A generator with a memory cap may publish ``fn.memory_bound_of = <(num_ranks, num_microbatches, costs,
 memory_limit) -> a makespan its cap forbids beating>`` (the V family: ``v_memory_bound``), which ``auto``
-takes instead when higher: at p=32, m=256 with the paper's profile it skips V-Min's search once ZB-V's
-schedule is in hand.
+takes instead when higher: at p=32, m=256 with the paper's profile it skips V-Min's and V-Half's searches
+once ZB-V's schedule is in hand.
 """
 
 from __future__ import annotations
@@ -44,22 +44,22 @@ def placement_bound(stage_to_rank: tuple[int, ...], num_microbatches: int, costs
 
 
 def v_memory_bound(num_ranks: int, num_microbatches: int, costs: Costs, cap_chunks: float) -> float:
-    """A makespan no V schedule (rank i holds stages i and 2p-1-i) holding at most ``cap_chunks`` chunk
+    """A makespan no V schedule (rank r holds stages r and 2p-1-r) holding at most ``cap_chunks`` chunk
     activations per rank can beat, when I frees nothing (``input_grad_frees=0``; 0.0 otherwise is the
-    caller's job). It adds to rank 0's compute two idle times the cap forces on it (time 0 = its first
-    forward, which starts the schedule: every other action waits for one of rank 0's forwards):
+    caller's job). For each rank it adds to the rank's compute two idle times the cap forces on it
+    (time 0 = rank 0's first forward, which starts the schedule: every action waits for one of its forwards):
 
-    - warm-up: no I on rank 0 starts before ``head``, the first micro-batch's forward through all 2p stages
-      (with comm at each change of rank), and nothing frees memory before rank 0's first W, which follows
-      one of those I's; so before ``head`` rank 0 runs at most ``cap`` forwards, and idles at least
-      ``head - cap x (its longest forward)``;
-    - cool-down: once rank 0's last first-chunk forward (micro-batch m-1) ends, that micro-batch still has
-      ``tail`` to go (forwards of stages 1..2p-1, input-gradients of all 2p, the W of stage 0, comm), while
-      rank 0 only has the remaining passes of the micro-batches it holds, at most ``cap`` of them (each
-      holds a chunk), each at most its second-chunk F, I, W and first-chunk I, W.
+    - warm-up: no I on rank r starts before ``head``, the first micro-batch's forward through all 2p stages
+      and its input-gradient back to stage 2p-1-r (with comm at each change of rank), and nothing on rank r
+      frees memory before its first W, which follows one of those I's; so before ``head`` rank r runs at
+      most ``cap`` forwards, and idles at least ``head - cap x (its longest forward)``;
+    - cool-down: once rank r's last first-chunk forward (micro-batch m-1) ends, that micro-batch still has
+      ``tail`` to go (forwards of stages r+1..2p-1, input-gradients of all 2p, the W of stage 0, comm),
+      while rank r only has the remaining passes of the micro-batches it holds, at most ``cap`` of them
+      (each holds a chunk), each at most its second-chunk F, I, W and first-chunk I, W.
 
     The two windows are disjoint when m > cap (the last first-chunk forward is then past the first W);
-    otherwise only the larger idle counts."""
+    otherwise only the larger idle counts. The bound is the largest over ranks."""
     p, m, c = num_ranks, num_microbatches, float(cap_chunks)
     stages = 2 * p
     given = costs.num_stages_given()
@@ -68,12 +68,17 @@ def v_memory_bound(num_ranks: int, num_microbatches: int, costs: Costs, cap_chun
     f = [costs.of(Kind.F, s, 2) for s in range(stages)]
     i = [costs.of(Kind.I, s, 2) for s in range(stages)]
     w = [costs.of(Kind.W, s, 2) for s in range(stages)]
-    first, last = 0, stages - 1
-    hops = (stages - 2) * costs.comm  # rank changes along the V, each way (stages p-1 and p share a rank)
-    head = sum(f) + hops
-    tail = sum(f[1:]) + hops + sum(i) + hops + w[first]
-    remaining = f[last] + i[last] + w[last] + i[first] + w[first]
-    warm = max(0.0, head - c * max(f[first], f[last]))
-    cool = max(0.0, tail - c * remaining)
-    work = m * (f[first] + i[first] + w[first] + f[last] + i[last] + w[last])
-    return work + (warm + cool if m > c else max(warm, cool))
+    comm = costs.comm
+    forward_all = sum(f) + (stages - 2) * comm  # stages p-1 and p share a rank: 2p-2 changes each way
+    grad_all = sum(i) + (stages - 2) * comm
+    best = 0.0
+    for r in range(p):
+        up = stages - 1 - r  # the rank's second-chunk stage
+        head = forward_all + sum(i[up + 1 :]) + r * comm
+        tail = sum(f[r + 1 :]) + (stages - 2 - r) * comm + grad_all + w[0]
+        remaining = f[up] + i[up] + w[up] + i[r] + w[r]
+        warm = max(0.0, head - c * max(f[r], f[up]))
+        cool = max(0.0, tail - c * remaining)
+        work = m * (f[r] + i[r] + w[r] + f[up] + i[up] + w[up])
+        best = max(best, work + (warm + cool if m > c else max(warm, cool)))
+    return best
