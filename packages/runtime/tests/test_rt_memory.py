@@ -12,6 +12,7 @@ these tests fail.
 
 from __future__ import annotations
 
+import weakref
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from torch import nn
 
 from bubbleless_runtime import defer_weight_grads, run_weight_grads, spawn
 from bubbleless_runtime._testing import tiny_batch, tiny_loss, tiny_model
+from bubbleless_runtime.comm import Channel, PipelineCommError, Transfer
 from bubbleless_runtime.saved_bytes import SavedBytes
 from bubbleless_schedules import Kind, generate
 
@@ -115,3 +117,36 @@ def test_rt_rank_holds_no_more_than_its_schedule_says(name, children_import_this
         assert report["peak"] <= bound + slack, (name, rank, report["peak"], bound, report["trace"])
         assert report["left"] == 0, (name, rank, report["left"])  # nothing saved outlives the step
         assert report["graphs_on_grads"] == 0, (name, rank)
+
+
+class _Work:
+    def __init__(self, done: bool, fails: bool = False) -> None:
+        self.done, self.fails = done, fails
+
+    def is_completed(self) -> bool:
+        return self.done
+
+    def wait(self, timeout=None) -> bool:
+        if self.fails:
+            raise RuntimeError("connection closed by peer")
+        return True
+
+
+def _channel_with(sends) -> Channel:
+    channel = Channel.__new__(Channel)  # no process group: only the send bookkeeping is exercised
+    channel.timeout, channel.rank, channel.sends = 1.0, 0, list(sends)
+    return channel
+
+
+def test_rt_a_completed_send_lets_go_of_its_tensor_before_the_step_ends():
+    done, pending = torch.zeros(4), torch.zeros(4)
+    kept = weakref.ref(done)
+    channel = _channel_with([Transfer(True, 1, done, 0, "a", work=_Work(True)),
+                             Transfer(True, 1, pending, 1, "b", work=[_Work(True), _Work(False)])])
+    del done
+    channel.release_finished_sends()
+    assert kept() is None  # the delivered send's tensor is gone
+    assert [t.label for t in channel.sends] == ["b"]  # a coalesced send waits for all of its works
+    failed = _channel_with([Transfer(True, 1, torch.zeros(1), 2, "the activation", work=_Work(True, fails=True))])
+    with pytest.raises(PipelineCommError, match="sending the activation"):
+        failed.release_finished_sends()

@@ -5,8 +5,9 @@
   which the lowered schedule fixes identically on both sides.
 - Consecutive transfers go out as one ``batch_isend_irecv`` (one grouped launch on NCCL/RCCL). Gloo does
   not coalesce, and there each transfer is posted directly: the same operations, without the coalescing
-  manager's ~15 us per call. Receives are waited just before the action that consumes them; sends are
-  waited at the end of the step (their buffers stay alive until then).
+  manager's ~15 us per call. Receives are waited just before the action that consumes them; a send is
+  released once it has completed (checked whenever the next transfers are posted), and the rest are
+  waited at the end of the step, so a sent tensor does not outlive its delivery by a whole step.
 - On gloo each direction between two ranks has its own process group (``direction_groups``): transfers
   from a lower to a higher group rank use the pipeline group, the opposite direction a twin of it. When
   two ranks send to each other at the same moment over one gloo pair, a send or receive stalls for
@@ -146,6 +147,7 @@ class Channel:
         """Issue consecutive transfers together (one ``batch_isend_irecv`` where the backend coalesces)."""
         if not transfers:
             return
+        self.release_finished_sends()
         if self.coalesces is None:
             self.coalesces = dist.get_backend(self.group) != "gloo"
         try:
@@ -183,6 +185,19 @@ class Channel:
             except RuntimeError as exc:
                 raise self._error(transfer, exc) from exc
         return transfer.tensor
+
+    def release_finished_sends(self) -> None:
+        """Drop the sends whose transfer has completed (waiting them: at once, raising a failed one's
+        error), so their tensors go now rather than at the end of the step: a stage's output after its
+        I, a gradient once handed on. The rest stay for ``wait_sends``."""
+        pending = []
+        for transfer in self.sends:
+            works = transfer.work if isinstance(transfer.work, list) else [transfer.work]
+            if all(work.is_completed() for work in works):
+                self.wait(transfer)
+            else:
+                pending.append(transfer)
+        self.sends = pending
 
     def wait_sends(self) -> None:
         sends, self.sends = self.sends, []
