@@ -18,7 +18,7 @@ import time
 
 from bubbleless_schedules import generate, simulate
 from bubbleless_schedules.generators.roundrobin_cut import job_costs
-from bubbleless_schedules.roundrobin_layout import pool_groups
+from bubbleless_schedules.roundrobin_layout import peak_weight_layers, pool_groups
 from bubbleless_schedules.simulate_steady import steady_state
 
 from . import roundpipe_reference as rp
@@ -48,6 +48,9 @@ def rows(devices: int = DEVICES, microbatches=MICROBATCHES) -> list[dict]:
             split = generate("roundrobin", num_ranks=devices, num_microbatches=m, layer_costs=layer_costs,
                              split_backward=True)
             split_span = simulate(split, job_costs(layer_costs, pool_groups(split))).makespan
+            wide = generate("roundrobin", num_ranks=devices, num_microbatches=m, layer_costs=layer_costs,
+                            weight_limit=len(layer_costs.forward))
+            wide_span = simulate(wide, job_costs(layer_costs, pool_groups(wide))).makespan
             uploads = with_uploads(layer_costs)
             loaded = generate("roundrobin", num_ranks=devices, num_microbatches=m, layer_costs=uploads)
             loaded_costs = job_costs(uploads, pool_groups(loaded))
@@ -62,14 +65,33 @@ def rows(devices: int = DEVICES, microbatches=MICROBATCHES) -> list[dict]:
                 "seconds": seconds, "split": split_span,
                 "upload_slowdown": in_order.makespan / timeline.makespan,
                 "stream_slowdown": streamed.makespan / timeline.makespan, "stream_steady": streamed.steady_bubble,
+                "weights": max(peak_weight_layers(ours)), "rp_weights": max(peak_weight_layers(theirs_any.schedule)),
+                "wide": wide_span, "wide_weights": max(peak_weight_layers(wide)), "wide_uploads": _uploads(wide),
+                "uploads": _uploads(ours), "rp_uploads": _uploads(theirs_any.schedule),
+                "layers": len(layer_costs.forward),
             })
     return found
+
+
+def _uploads(schedule) -> int:
+    """Layers uploaded per step: each job's layers once per device that runs part of it (a split job's
+    weights go to every device of the split; RoundPipe's rounds upload per round)."""
+    groups, seen = pool_groups(schedule), set()
+    for device, row in enumerate(schedule.actions):
+        for action in row:
+            if action.microbatch is not None:
+                key = (device, action.stage) if "round_size" not in schedule.meta else \
+                    (device, action.stage, action.microbatch // schedule.meta["round_size"][0])
+                seen.add(key)
+    return sum(len(groups.layers(key[1])) for key in seen)
 
 
 def table(found: list[dict]) -> str:
     head = ["model", "m", "ours", "RoundPipe", "RP (any cut)", "ours/RP", "ours/bound", "goal: ours/bound <=",
             "bubble ours / RP",
-            "steady ours / RP", "I/W split / RP", "uploads: in order / stream", "stream steady", "gen s (CPU)"]
+            "steady ours / RP", "I/W split / RP", "uploads: in order / stream", "stream steady",
+            "peak weights ours / RP (layers)", "layers uploaded ours / RP",
+            "no weight limit: ours/RP, peak weights, uploaded", "gen s (CPU)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     misses = []
     for r in found:
@@ -82,6 +104,8 @@ def table(found: list[dict]) -> str:
             f"{r['ours_bubble']:.3f} / {r['rp_bubble']:.3f}",
             f"{r['ours_steady']:.3f} / {r['rp_steady']:.3f}", f"{r['split'] / r['roundpipe_any_cut']:.3f}",
             f"{r['upload_slowdown']:.3f} / {r['stream_slowdown']:.3f}", f"{r['stream_steady']:.3f}",
+            f"{r['weights']} / {r['rp_weights']} of {r['layers']}", f"{r['uploads']} / {r['rp_uploads']}",
+            f"{r['wide'] / r['roundpipe_any_cut']:.3f}, {r['wide_weights']}, {r['wide_uploads']}",
             f"{r['seconds']:.2f}",
         ]) + " |")
     verdict = ("Every row meets the goal (ours/RP <= 0.95, steady bubble < 3%)." if not misses else
@@ -103,7 +127,12 @@ def section() -> str:
         "(`with_uploads`), ours regenerated under them, makespan over the compute-only one: LOAD in the "
         "compute order (the shared simulator) / on its own copy stream within two jobs' weights "
         "(`steady_state(load_stream=True)`); RoundPipe's own simulator models no uploads, so there is no "
-        "reference column for them. Profiles: bench/schedules/roundpipe_profiles.py (from the shapes, not "
+        "reference column for them. Peak weights = the most layers of weights a device holds at once (two "
+        "consecutive jobs); layers uploaded = per step, each job's layers once per device running part of it "
+        "(RoundPipe: per round). Ours keeps a split job within the weights its best unsplit plan holds "
+        "(`weight_limit` default); 'no weight limit' = `weight_limit=num_layers`, where the simulator prefers "
+        "a large fused group (little recompute) split over every device, holding most of the model's weights "
+        "on each device. Profiles: bench/schedules/roundpipe_profiles.py (from the shapes, not "
         "measured).\n\n" + table(rows())
     )
 

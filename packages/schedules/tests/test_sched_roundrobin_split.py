@@ -6,7 +6,7 @@ from bubbleless_schedules import Costs, generate, simulate, validate
 from bubbleless_schedules.generators.roundrobin_cut import job_costs
 from bubbleless_schedules.generators.roundrobin_dispatch import JobTimes, list_dispatch, split_parts
 from bubbleless_schedules.generators.roundrobin_search import dispatched
-from bubbleless_schedules.roundrobin_layout import pool_groups
+from bubbleless_schedules.roundrobin_layout import peak_weight_layers, pool_groups
 
 
 def profile(layers: int, head: float, backward: float, comm: float = 0.1, load: float | None = None) -> Costs:
@@ -41,7 +41,8 @@ def test_split_fused_group_validates_is_above_the_bound_and_beats_every_unsplit_
     groups = pool_groups(ours)
     validate(ours)
     assert _split_jobs(ours) == {groups.last_stage: _split_jobs(ours)[groups.last_stage]}  # the fused group
-    assert len(_split_jobs(ours)[groups.last_stage]) == 2
+    wide = len(_split_jobs(ours)[groups.last_stage])
+    assert wide >= 2
     timeline = simulate(ours, job_costs(HEAVY_HEAD, groups))
     work = sum(s.end - s.start for s in timeline.spans)
     assert timeline.makespan >= work / 8 - 1e-9
@@ -49,9 +50,9 @@ def test_split_fused_group_validates_is_above_the_bound_and_beats_every_unsplit_
     split = [simulate(s, c).makespan for how in ("halves", "interleaved")
              for s, c, _ in _variants(groups, HEAVY_HEAD, m, ("last", how))]
     assert timeline.makespan < unsplit - 1e-9 and min(split) < unsplit - 1e-9
-    # the split job uploads its weights once more: one more LOAD and STORE than jobs (stores: gradient jobs)
+    # the split job uploads its weights once per device it runs on
     loads = sum(a.kind.value == "LOAD" for _, _, a in ours.all_actions())
-    assert loads == groups.num_stages + 1
+    assert loads == groups.num_stages + wide - 1
 
 
 @pytest.mark.parametrize("how", ["halves", "interleaved"])
@@ -85,5 +86,29 @@ def test_split_errors_say_what_to_change():
     times = JobTimes(*(tuple([1.0] * groups.num_stages),) * 3)
     with pytest.raises(ValueError, match="with round_size every round is a unit already"):
         list_dispatch(groups, times, 8, 8, 1, round_size=4, parts=split_parts(groups.last_stage, "halves", 8))
-    with pytest.raises(ValueError, match="only with 2 or more micro-batches"):
+    with pytest.raises(ValueError, match="a split needs 2 or more micro-batches"):
         split_parts(0, "halves", 1)
+
+
+def test_weight_limit_bounds_the_split_and_lifting_it_grows_the_fused_group():
+    m = 16
+    layer_costs = profile(64, 1.5, 2.1)  # qwen3-32b-like: 64 decoder layers and the head
+    capped = generate("roundrobin", num_ranks=8, num_microbatches=m, layer_costs=layer_costs)
+    free = generate("roundrobin", num_ranks=8, num_microbatches=m, layer_costs=layer_costs, weight_limit=65)
+    for schedule in (capped, free):
+        validate(schedule)
+    spans = {name: simulate(s, job_costs(layer_costs, pool_groups(s))).makespan
+             for name, s in (("capped", capped), ("free", free))}
+    # the free one fuses more layers (no recompute for them) and splits that group over devices
+    assert pool_groups(free).last > pool_groups(capped).last and list(_split_jobs(free)) == [pool_groups(free).last_stage]
+    assert spans["free"] < spans["capped"] - 1e-9
+    assert max(peak_weight_layers(free)) > max(peak_weight_layers(capped))  # at the price of weights per device
+    work = sum(s.end - s.start for s in simulate(free, job_costs(layer_costs, pool_groups(free))).spans)
+    assert spans["free"] >= work / 8 - 1e-9
+
+
+def test_weight_limit_errors_say_what_to_change():
+    with pytest.raises(ValueError, match="weight_limit must be an integer >= 1"):
+        generate("roundrobin", num_ranks=8, num_microbatches=8, layer_costs=HEAVY_HEAD, weight_limit=0)
+    with pytest.raises(ValueError, match="weight_limit needs layer_costs="):
+        generate("roundrobin", num_ranks=8, num_microbatches=8, weight_limit=4)

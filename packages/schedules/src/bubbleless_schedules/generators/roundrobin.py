@@ -25,12 +25,18 @@ Options (all optional):
   paced forward job's waits, for the device's next backward job), the cut may taper at both ends to
   shorten the wavefront's fill and drain, and a local search moves layers between groups while the
   makespan shrinks (``roundrobin_refine``); the job that paces the step (the fused last group, or the
-  heaviest job) may run on two devices, half its micro-batches each (one more upload of its weights).
+  heaviest job) may run on two or more devices, its micro-batches dealt among them (one more upload of
+  its weights per device), and the fused group may grow (less recompute) when split so, within
+  ``weight_limit``.
   ``costs`` is then not used; the
   cut options above, when given, pin the cut. Simulate the result with
   ``roundrobin_cut.job_costs(layer_costs, pool_groups(schedule))``.
 - ``recompute_ahead``: with ``layer_costs``, how many micro-batches a device may recompute before their
   backward (1 is RoundPipe's one-at-a-time; default: the faster of 1 and 2 within ``memory_limit``).
+- ``weight_limit``: with ``layer_costs``, the most layers of weights a device may hold at once (two
+  consecutive jobs, ``roundrobin_layout.peak_weight_layers``). Default: what the best plan with the
+  candidate cuts holds, so a larger fused group split over devices (less recompute, one upload of it
+  per device) is tried only within it; ``weight_limit=num_layers`` lets it grow as the simulator likes.
 - ``split_backward``: with ``layer_costs``, run each gradient job's B as I then W, W deferred into the
   device's waits (off by default: the pool executor has no I/W handlers yet; simulation only).
 """
@@ -65,6 +71,7 @@ def roundrobin(
     layer_costs: Costs | None = None,
     recompute_ahead: int | None = None,
     split_backward: bool = False,
+    weight_limit: int | None = None,
 ) -> Schedule:
     """Stage jobs over all micro-batches, dealt round-robin to ``num_ranks`` pool devices."""
     if layer_costs is not None:
@@ -72,9 +79,10 @@ def roundrobin(
             layer_costs, num_ranks=num_ranks, num_microbatches=num_microbatches, memory_limit=memory_limit,
             num_layers=num_layers, last_layers=last_layers, forward_stages=forward_stages,
             backward_stages=backward_stages, weight_transfers=weight_transfers, recompute_ahead=recompute_ahead,
-            split_backward=split_backward,
+            split_backward=split_backward, weight_limit=weight_limit,
         )
-    for name, value in (("recompute_ahead", recompute_ahead), ("split_backward", split_backward or None)):
+    for name, value in (("recompute_ahead", recompute_ahead), ("split_backward", split_backward or None),
+                        ("weight_limit", weight_limit)):
         if value is not None:
             raise ValueError(f"roundrobin option {name} needs layer_costs= (per-layer costs to dispatch by)")
     groups = pool_cut(
@@ -86,20 +94,23 @@ def roundrobin(
 
 
 def _from_layer_costs(layer_costs, *, num_ranks, num_microbatches, memory_limit, num_layers, last_layers,
-                      forward_stages, backward_stages, weight_transfers, recompute_ahead, split_backward) -> Schedule:
+                      forward_stages, backward_stages, weight_transfers, recompute_ahead, split_backward,
+                      weight_limit) -> Schedule:
     count = check_layer_costs(layer_costs)
     if num_layers is not None and num_layers != count:
         raise ValueError(f"roundrobin: num_layers={num_layers} but layer_costs give {count} layers; drop num_layers "
                          f"or give one cost per layer")
     if recompute_ahead is not None:
         _check_count("recompute_ahead", recompute_ahead, 1)
+    if weight_limit is not None:
+        _check_count("weight_limit", weight_limit, 1)
     pinned = None
     if any(x is not None for x in (last_layers, forward_stages, backward_stages)):
         pinned = pool_cut(num_ranks=num_ranks, costs=Costs.unit(), memory_limit=None, num_layers=count,
                           last_layers=last_layers, forward_stages=forward_stages, backward_stages=backward_stages)
     return search(layer_costs, num_devices=num_ranks, num_microbatches=num_microbatches, memory_limit=memory_limit,
                   pinned=pinned, ahead=recompute_ahead, weight_transfers=weight_transfers,
-                  split_backward=bool(split_backward))
+                  split_backward=bool(split_backward), weight_limit=weight_limit)
 
 
 _JOB_ACTIONS = {"forward": (Kind.F,), "last": (Kind.F, Kind.B), "backward": (Kind.R, Kind.B)}

@@ -122,3 +122,24 @@ def candidate_cuts(layer_costs: Costs, *, memory_fits=None) -> list[PoolGroups]:
                 if groups not in cuts and (memory_fits is None or memory_fits(groups)):
                     cuts.append(groups)
     return cuts
+
+
+def with_last(groups: PoolGroups, last: int) -> PoolGroups:
+    """``groups`` with a fused last group of ``last`` layers: the top layers of the body move into it (the
+    top forward and backward groups shrink, or go), the other groups stay."""
+    if not 1 <= last < groups.num_layers:
+        raise ValueError(f"a fused group of {last} layers needs 1 to {groups.num_layers - 1} (the model has "
+                         f"{groups.num_layers} layers and a body of at least one)")
+    body = groups.num_layers - last
+
+    def trimmed(counts: tuple[int, ...]) -> tuple[int, ...]:
+        kept, total = [], 0
+        for count in counts:
+            if total >= body:
+                break
+            kept.append(min(count, body - total))
+            total += kept[-1]
+        kept[-1] += body - total  # a longer body (a smaller fused group): the top group takes the rest
+        return tuple(kept)
+
+    return PoolGroups(trimmed(groups.forward or (body,)), last, trimmed(groups.backward or (body,)))

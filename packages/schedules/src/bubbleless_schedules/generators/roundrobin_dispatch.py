@@ -26,9 +26,9 @@ so at most two jobs' weights are ever needed on a device. Activation memory: a d
 ``ahead`` micro-batches of its current group and ``max(ahead - 1, next_ahead)`` of its next (1 and 0:
 RoundPipe's one at a time). The simulator judges the result; this only chooses the order.
 
-A job may be split (``parts``): its micro-batches in two parts dealt as two units, so the job that paces
-the step (often the fused last group: LM head, loss and backward over every micro-batch) runs on two
-devices at once, each uploading the job's weights and storing its partial gradients.
+A job may be split (``parts``): its micro-batches in parts dealt as units of their own, so the job that
+paces the step (often the fused last group: LM head, loss and backward over every micro-batch) runs on
+two or more devices at once, each uploading the job's weights and storing its partial gradients.
 """
 
 from __future__ import annotations
@@ -41,17 +41,18 @@ from ..action import Action, Kind
 from ..roundrobin_layout import PoolGroups
 
 SPLITS = {
-    "halves": lambda mbs: (range(0, (mbs + 1) // 2), range((mbs + 1) // 2, mbs)),
-    "interleaved": lambda mbs: (range(0, mbs, 2), range(1, mbs, 2)),
+    "halves": lambda mbs, n: tuple(range(k * mbs // n, (k + 1) * mbs // n) for k in range(n)),
+    "interleaved": lambda mbs, n: tuple(range(k, mbs, n) for k in range(n)),
 }
-"""How a split job's micro-batches are cut in two parts (one per device)."""
+"""How a split job's micro-batches are cut in ``n`` parts (one per device): contiguous runs, or every n-th."""
 
 
-def split_parts(job: int, how: str, num_microbatches: int) -> dict[int, tuple[range, ...]]:
-    """``parts`` for ``list_dispatch``: ``job``'s micro-batches in two parts, ``how`` one of ``SPLITS``."""
-    if num_microbatches < 2:
-        raise ValueError(f"a job splits over two devices only with 2 or more micro-batches, got {num_microbatches}")
-    return {job: SPLITS[how](num_microbatches)}
+def split_parts(job: int, how: str, num_microbatches: int, count: int = 2) -> dict[int, tuple[range, ...]]:
+    """``parts`` for ``list_dispatch``: ``job``'s micro-batches in ``count`` parts, ``how`` one of ``SPLITS``."""
+    if not 2 <= count <= num_microbatches:
+        raise ValueError(f"a job splits over 2 to num_microbatches={num_microbatches} devices, got {count}; a split "
+                         f"needs 2 or more micro-batches")
+    return {job: SPLITS[how](num_microbatches, count)}
 
 
 @dataclass(frozen=True)

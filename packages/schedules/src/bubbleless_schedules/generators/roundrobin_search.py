@@ -4,27 +4,31 @@ Every candidate cut (``roundrobin_cut.candidate_cuts``, or the one cut the optio
 the list scheduler (``roundrobin_dispatch``) with recompute running at most 1 micro-batch ahead; the
 ``FINALISTS`` best cuts also with 2 ahead and with the device's next job recomputing in the current
 job's waits (``next_ahead``; not when the options pin ``recompute_ahead``, which bounds what a device
-recomputes before its backward), and, with its best look-ahead, with the job that paces the step split
-over two devices (``pacing_jobs``: the fused last group, and the job with the most work; halves or
-interleaved micro-batches, ``roundrobin_dispatch.SPLITS``; each of the two devices LOADs the job's
-weights and STOREs its partial gradients). The list scheduler's own makespans rank them; unless the options pin
+recomputes before its backward). The list scheduler's own makespans rank them; unless the options pin
 the cut, the best one's cut is then refined by a local search under the same look-ahead
-(``roundrobin_refine``: single-layer moves between groups, merges and splits). The best
-``FINALISTS``, weight transfers inserted, are simulated under the per-job costs the layer costs sum
-to, and the fastest within ``memory_limit`` wins (the first on a tie, so the result is deterministic);
-when all of them split a job, the best unsplit candidate is judged with them, so the extra upload a split
-costs (``layer_costs.load``/``store``) is weighed by the simulator.
+(``roundrobin_refine``: single-layer moves between groups, merges and splits). From that best unsplit
+plan, jobs are then split over devices (a split job LOADs its weights and STOREs its partial gradients
+on each of its devices): the pacing jobs over two (``pacing_jobs``: the fused last group and the job with
+the most work; halves or interleaved, ``roundrobin_dispatch.SPLITS``), and larger fused groups
+(``grown_fused``: less recompute) over as many devices as keep them from pacing, all within
+``weight_limit`` layers of weights per device (default: what the best unsplit plan holds) and refused
+when a device would finish a job before one it started earlier (the pool releases weights in start
+order). The best ``FINALISTS`` and the best unsplit plan, weight transfers inserted, are simulated under
+the per-job costs the layer costs sum to (LOAD/STORE included), and the fastest within ``memory_limit``
+wins (the first on a tie, so the result is deterministic).
 """
 
 from __future__ import annotations
 
+import math
+
 from ..costs import Costs
 from ..lowering import add_weight_transfers
-from ..roundrobin_layout import PoolGroups
+from ..roundrobin_layout import PoolGroups, peak_weight_layers
 from ..schedule import Schedule
 from ..simulate import peak_memory, simulate
 from . import roundrobin_refine
-from .roundrobin_cut import candidate_cuts, job_costs
+from .roundrobin_cut import candidate_cuts, job_costs, with_last
 from .roundrobin_dispatch import SPLITS, JobTimes, list_dispatch, split_parts
 
 AHEADS = (1, 2)
@@ -42,9 +46,10 @@ def dispatched(groups: PoolGroups, layer_costs: Costs, *, num_devices: int, num_
     times = JobTimes(costs.forward, costs.recompute, backward, costs.comm,
                      weight=costs.backward_weight if split_backward else None)
     parts = None
-    if split_job is not None:
+    if split_job is not None:  # (job, how) or (job, how, parts)
         job = groups.last_stage if split_job[0] == "last" else split_job[0]
-        parts = split_parts(job, split_job[1], num_microbatches) if job < groups.num_stages else None
+        count = split_job[2] if len(split_job) > 2 else 2
+        parts = split_parts(job, split_job[1], num_microbatches, count) if job < groups.num_stages else None
     rows, makespan = list_dispatch(groups, times, num_devices, num_microbatches, ahead, next_ahead=next_ahead,
                                    parts=parts)
     schedule = Schedule(rows, num_stages=groups.num_stages, num_microbatches=num_microbatches, stage_to_rank=None,
@@ -54,7 +59,7 @@ def dispatched(groups: PoolGroups, layer_costs: Costs, *, num_devices: int, num_
 
 def search(layer_costs: Costs, *, num_devices: int, num_microbatches: int, memory_limit: float | None,
            pinned: PoolGroups | None = None, ahead: int | None = None, weight_transfers: bool = True,
-           split_backward: bool = False) -> Schedule:
+           split_backward: bool = False, weight_limit: int | None = None) -> Schedule:
     """The fastest (cut, look-ahead) within ``memory_limit`` (see the module docstring): every cut with
     the first look-ahead, the ``FINALISTS`` best cuts also with the others and with the next job's
 recompute filling the current job's waits (``next_ahead``), ranked by the list
@@ -62,6 +67,7 @@ recompute filling the current job's waits (``next_ahead``), ranked by the list
     cuts = [pinned] if pinned is not None else candidate_cuts(layer_costs)
     aheads = AHEADS if ahead is None else (ahead,)
     ranked, smallest_peak, spent = [], None, 0
+    weight_cap = weight_limit  # layers of weights a device may hold at once (two consecutive jobs)
 
     def consider(order: int, look: int, next_ahead: int = 0, split_job: tuple | None = None) -> float | None:
         nonlocal smallest_peak, spent
@@ -70,6 +76,8 @@ recompute filling the current job's waits (``next_ahead``), ranked by the list
                                                num_microbatches=num_microbatches, ahead=look,
                                                weight_transfers=False, split_backward=split_backward,
                                                next_ahead=next_ahead, split_job=split_job)
+        if split_job and _nested(schedule) or weight_cap is not None and max(peak_weight_layers(schedule)) > weight_cap:
+            return None
         if memory_limit is not None:
             peak = max(peak_memory(schedule))
             smallest_peak = peak if smallest_peak is None else min(smallest_peak, peak)
@@ -91,16 +99,10 @@ recompute filling the current job's waits (``next_ahead``), ranked by the list
             consider(order, look)
         for look in aheads if ahead is None else ():  # and recompute the next job's micro-batches in the
             consider(order, look, num_microbatches)      # current job's waits (a pinned look-ahead holds to it)
-    ranked.sort(key=_rank)
-    best_of_cut = {}
-    for r in ranked:
-        best_of_cut.setdefault(r[1], r)
-    if num_microbatches >= 2 and num_devices >= 2:  # the job that paces the step on two devices
-        for _, order, (look, next_ahead, _), _, costs in list(best_of_cut.values())[:FINALISTS]:
-            for job in pacing_jobs(cuts[order], costs, num_microbatches):
-                for how in SPLITS:
-                    consider(order, look, next_ahead, (job, how))
     if not ranked:
+        if memory_limit is None:
+            raise ValueError(f"no round-robin cut of the {len(layer_costs.forward)} layers keeps a device within "
+                             f"weight_limit={weight_limit} layers of weights; raise weight_limit")
         raise ValueError(
             f"no round-robin cut of the {len(layer_costs.forward)} layers fits memory_limit={memory_limit:g} M_B "
             f"(the smallest peak found is {smallest_peak:g} M_B); raise the limit, or pin smaller groups with "
@@ -108,22 +110,71 @@ recompute filling the current job's waits (``next_ahead``), ranked by the list
         )
     ranked.sort(key=_rank)
     if pinned is None:  # the cut chosen with the dispatch: a local search from the best one
-        makespan, order, (look, next_ahead, split_job) = ranked[0][:3]
+        makespan, order, (look, next_ahead, _) = ranked[0][:3]
 
         def evaluate(cut: PoolGroups) -> float | None:
             cuts.append(cut)
-            return consider(len(cuts) - 1, look, next_ahead, split_job or None)
+            return consider(len(cuts) - 1, look, next_ahead)
 
         roundrobin_refine.refine(cuts[order], makespan, evaluate, actions_per_evaluation=actions,
                                  budget=min(roundrobin_refine.ACTION_BUDGET, max(0, SEARCH_BUDGET - spent)))
         ranked.sort(key=_rank)
-    chosen = ranked[:FINALISTS]
-    unsplit = next((r for r in ranked if not r[2][2]), None)  # the simulator (LOAD/STORE costs included)
-    if unsplit is not None and all(r[2][2] for r in chosen):  # judges a split against the best unsplit one
+    unsplit = ranked[0]
+    if num_devices >= 2 and num_microbatches >= 2:  # then split jobs over devices, from the best unsplit plan
+        _, order, (look, next_ahead, _), schedule, costs = unsplit
+        if weight_limit is None:  # within the weights the best unsplit plan holds per device
+            weight_cap = max(peak_weight_layers(schedule))
+        for job in pacing_jobs(cuts[order], costs, num_microbatches):
+            for how in SPLITS:
+                consider(order, look, next_ahead, (job, how))
+        grown = [] if pinned is not None else grown_fused(cuts[order], layer_costs, num_devices, num_microbatches)
+        before = len(ranked)
+        for cut, count in grown:  # a larger fused group (less recompute) split wide
+            if weight_cap is None or cut.last <= weight_cap:
+                cuts.append(cut)
+                consider(len(cuts) - 1, look, next_ahead, ("last", "interleaved", count))
+        if len(ranked) > before:  # the best of them with every look-ahead
+            _, grown_order, (_, _, split_job) = min(ranked[before:], key=_rank)[:3]
+            for variant in [(a, n) for a in aheads for n in (0, num_microbatches)]:
+                if variant != (look, next_ahead):
+                    consider(grown_order, *variant, split_job)
+        ranked.sort(key=_rank)
+    chosen = ranked[:FINALISTS]  # the simulator (LOAD/STORE costs included) judges them and the best unsplit
+    if all(r is not unsplit for r in chosen):
         chosen.append(unsplit)
     finalists = [add_weight_transfers(r[3]) if weight_transfers else r[3] for r in chosen]
     judged = [(simulate(s, r[4]).makespan, i) for i, (s, r) in enumerate(zip(finalists, chosen, strict=True))]
     return finalists[min(judged)[1]]
+
+
+GROWN_LAST = (0.125, 0.2, 0.3, 0.4, 0.5, 0.65, 0.8)
+"""Fused-group sizes tried with the group split over devices, as shares of the model's layers."""
+
+
+def grown_fused(groups: PoolGroups, layer_costs: Costs, num_devices: int,
+                num_microbatches: int) -> list[tuple[PoolGroups, int]]:
+    """(cut, devices) pairs: ``groups`` with a fused group of each ``GROWN_LAST`` size above its own (its
+    layers recompute nothing, so the step has less work), split over about as many devices as bring its
+    time per micro-batch down to the slowest other job's (and one more; at most every device), so it does
+    not pace the step."""
+    found = []
+    for share in GROWN_LAST:
+        last = round(share * groups.num_layers)
+        if last <= groups.last or last >= groups.num_layers:
+            continue
+        cut = with_last(groups, last)
+        costs = job_costs(layer_costs, cut)
+        per = [costs.forward[j] + costs.backward_input[j] + costs.backward_weight[j]
+               + (costs.recompute[j] if cut.role(j) == "backward" else 0.0) for j in range(cut.num_stages)]
+        others = max((t for j, t in enumerate(per) if j != cut.last_stage), default=0.0)
+        if others <= 0.0:
+            continue
+        most = min(num_devices, num_microbatches)
+        wide = min(max(2, math.ceil(per[cut.last_stage] / others - 1e-9)), most)
+        for count in dict.fromkeys((wide, wide + 1 if wide < most else wide - 1)):
+            if count >= 2:
+                found.append((cut, count))
+    return found
 
 
 def pacing_jobs(groups: PoolGroups, costs: Costs, num_microbatches: int) -> list:
@@ -149,3 +200,17 @@ def _rank(entry) -> tuple:
     """Makespan first, then the candidate's order and variant (a split's job may be "last" or an index)."""
     makespan, order, (look, next_ahead, split_job) = entry[:3]
     return makespan, order, look, next_ahead, tuple(str(x) for x in split_job)
+
+
+def _nested(schedule: Schedule) -> bool:
+    """Whether a device finishes a job before one it started earlier: the pool's two-jobs weight rule (and
+    ``steady_state(load_stream=True)``) releases jobs in the order they start, so such an order is refused."""
+    for row in schedule.actions:
+        first, last = {}, {}
+        for position, action in enumerate(row):
+            first.setdefault(action.stage, position)
+            last[action.stage] = position
+        ends = [last[job] for job in sorted(first, key=first.__getitem__)]
+        if any(a > b for a, b in zip(ends, ends[1:], strict=False)):
+            return True
+    return False
