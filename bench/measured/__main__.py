@@ -19,6 +19,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true",
                         help="one round of 3 timed steps after 1 warm-up, no longest-sequence search")
     parser.add_argument("--no-longest", action="store_true", help="skip the longest-sequence search")
+    parser.add_argument("--rounds", type=int, default=None, help="timed rounds (default: the scenario's)")
     parser.add_argument("--no-calibration", action="store_true", help="skip the modelled-vs-measured table")
     parser.add_argument("--memory-seq", type=int, default=4096,
                         help="sequence of the per-rank memory section (bench/measured/memory.py); 0: skip it")
@@ -49,6 +50,8 @@ def main(argv=None) -> int:
             scenario = scenario.with_(systems=tuple(args.systems.split(",")))
         if args.quick:
             scenario = scenario.with_(rounds=1, steps=3, warmup=1)
+        if args.rounds is not None:
+            scenario = scenario.with_(rounds=args.rounds)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
