@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
 
+from bubbleless_runtime._testing.train_runs import sigterm_after_first_checkpoint
 from bubbleless_runtime.checkpoint import manifest_of
 
 TINY = """\
@@ -75,21 +74,7 @@ def test_rt_an_auto_cut_resumes_with_its_own_cut_and_schedule_bit_exactly(tmp_pa
 def test_rt_sigterm_saves_a_checkpoint_exits_143_and_resume_latest_finishes(tmp_path):
     yaml_text = TINY + "pipeline: {schedule: 1f1b, nproc: 2, num_microbatches: 2}\n" \
                        "train: {steps: 400, save_every: 2, checkpoint: true, keep_checkpoints: 1}\n"
-    config = tmp_path / "run.yaml"
-    config.write_text(yaml_text)
-    out = tmp_path / "out"
-    command = [sys.executable, "-c", "from bubbleless_runtime.cli import main; raise SystemExit(main())", "train",
-               str(config), "--output-dir", str(out)]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    end = time.monotonic() + 240
-    while not (out / "latest").exists() and time.monotonic() < end and proc.poll() is None:
-        time.sleep(0.1)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
-    assert "bubbleless: stopped by SIGTERM after step" in err and "checkpoint saved at" in err, err[-3000:]
-    stopped_at = int(err.split("stopped by SIGTERM after step ")[1].split()[0])
+    stopped_at, out, err = sigterm_after_first_checkpoint(tmp_path, yaml_text)
     assert manifest_of(out / f"checkpoint-{stopped_at}")["step"] == stopped_at
     assert sorted(n for n in os.listdir(out) if n.startswith("checkpoint-")) == [f"checkpoint-{stopped_at}"]
     finished = train(tmp_path, yaml_text.replace("steps: 400", f"steps: {stopped_at + 2}"), "out", "--resume", "latest")

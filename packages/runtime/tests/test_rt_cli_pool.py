@@ -1,16 +1,14 @@
 """``bubbleless train`` on the round-robin device pool: config checks, the example, exact resume, LoRA."""
 
 import json
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from bubbleless_runtime import _testing as testing
 from bubbleless_runtime import config as cfg
+from bubbleless_runtime._testing.train_runs import run_pool_fresh
 from bubbleless_runtime.cli import main
 from bubbleless_runtime.loss_scaling import ScaledLoss
 from bubbleless_runtime.pool import RoundRobinPipeline
@@ -120,24 +118,8 @@ CUT = "{forward: [2, 1], last: 1, backward: [1, 2]}"  # 4 layers: embedding, 2 d
 
 
 def _run(tmp_path, yaml_text, *args, name="run", after=""):
-    """``bubbleless train`` through the CLI's own path (config, run_pool) in a fresh interpreter; the run's
-    per-step losses at full precision."""
-    config = tmp_path / f"{name}.yaml"
-    config.write_text(yaml_text)
-    argv = ["train", str(config), "--output-dir", str(tmp_path / name), *args]
-    code = (
-        "import json, sys\n"
-        "import bubbleless_runtime.cli as cli\n"
-        f"{after}"
-        f"config = cli.resolve_config(cli.build_parser().parse_args({argv!r}))\n"
-        "result = cli.run_pool(config)\n"
-        "print('LOSSES', json.dumps(result.losses))\n"
-    )
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    line = next(line for line in done.stdout.splitlines() if line.startswith("LOSSES"))
-    return json.loads(line.split(" ", 1)[1]), done.stdout
+    """``bubbleless train`` through the CLI's own path in a fresh interpreter: losses and stdout."""
+    return run_pool_fresh(tmp_path, yaml_text, *args, name=name, after=after)
 
 
 @pytest.mark.slow

@@ -7,15 +7,13 @@ example, and the bad combinations."""
 import copy
 import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from bubbleless_runtime import config as cfg
 from bubbleless_runtime._testing import reference_grads, relative_error, tiny_batch, tiny_loss, tiny_model
+from bubbleless_runtime._testing.train_runs import run_pool_fresh, sigterm_after_first_checkpoint
 from bubbleless_runtime.checkpoint import load as load_checkpoint
 from bubbleless_runtime.cli import main
 from bubbleless_runtime.data_eval import Evaluation
@@ -212,21 +210,7 @@ def test_async_with_a_stage_bound_schedule_exits_2_with_one_line(tmp_path, capsy
 
 def _run(tmp_path, yaml_text, *args, name="run"):
     """``bubbleless train`` through the CLI's own path in a fresh interpreter; the per-step losses."""
-    config = tmp_path / f"{name}.yaml"
-    config.write_text(yaml_text)
-    argv = ["train", str(config), "--output-dir", str(tmp_path / name), *args]
-    code = (
-        "import json\n"
-        "import bubbleless_runtime.cli as cli\n"
-        f"config = cli.resolve_config(cli.build_parser().parse_args({argv!r}))\n"
-        "result = cli.run_pool(config)\n"
-        "print('LOSSES', json.dumps(result.losses))\n"
-    )
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    line = next(line for line in done.stdout.splitlines() if line.startswith("LOSSES"))
-    return json.loads(line.split(" ", 1)[1])
+    return run_pool_fresh(tmp_path, yaml_text, *args, name=name)[0]
 
 
 TINY = """\
@@ -313,26 +297,10 @@ def test_the_roundrobin_example_with_the_stale_optimizer_trains_and_equals_the_p
 
 @pytest.mark.slow
 def test_sigterm_on_the_stale_pool_saves_the_drained_state_and_resume_latest_finishes(tmp_path):
-    import signal
-    import time
 
     yaml_text = TINY.replace("steps: 6, save_every: 3, grad_accum: 2",
                              "steps: 400, save_every: 2, checkpoint: true, keep_checkpoints: 1")
-    config = tmp_path / "run.yaml"
-    config.write_text(yaml_text)
-    out = tmp_path / "out"
-    command = [sys.executable, "-c", "from bubbleless_runtime.cli import main; raise SystemExit(main())", "train",
-               str(config), "--output-dir", str(out)]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    end = time.monotonic() + 240
-    while not (out / "latest").exists() and time.monotonic() < end and proc.poll() is None:
-        time.sleep(0.1)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
-    assert "bubbleless: stopped by SIGTERM after step" in err and "checkpoint saved at" in err, err[-3000:]
-    stopped_at = int(err.split("stopped by SIGTERM after step ")[1].split()[0])
+    stopped_at, out, err = sigterm_after_first_checkpoint(tmp_path, yaml_text)
     saved = load_checkpoint(out / f"checkpoint-{stopped_at}")
     assert saved["step"] == stopped_at and saved["masters"] is not None
     assert all(torch.equal(p, m) for p, m in zip(saved["params"], saved["masters"], strict=True))  # drained
