@@ -173,7 +173,7 @@ def write(scenario: Scenario, systems: dict, longest: dict, out: Path, *, calibr
         f"{', '.join(info['uncommitted_package_files']) or 'none'}; packages imported from "
         f"{info['packages_from']}). CPU only, gloo; "
         f"{scenario.workers} ranks (or pool devices) x {scenario.threads} torch thread(s). "
-        f"NVMe offload: {'libaio found, not in this scenario' if info['nvme_offload'] else 'not run (no libaio on this machine)'}.",
+        f"NVMe offload: {_nvme_note(scenario, info)}.",
         "",
         f"tokens/s: median over {scenario.rounds} round(s) x {scenario.steps} timed steps (after {scenario.warmup} "
         f"warm-up steps each round) of {scenario.tokens_per_step:,} tokens per step; each round runs every system "
@@ -240,3 +240,11 @@ def rerender(json_path: Path, out: Path, *, calibration: bool = True) -> tuple[P
 
         section = calibration_section(scenario, systems)
     return write(scenario, systems, longest, out, calibration=section, info=data["meta"], memory=data.get("memory"))
+
+
+def _nvme_note(scenario, info) -> str:
+    if "zero-infinity-nvme" in scenario.systems:
+        return ("zero-infinity-nvme in this scenario (DeepSpeed's async_io over libaio)" if info["nvme_offload"]
+                else "zero-infinity-nvme asked for but not run (no libaio: apt-get install libaio-dev)")
+    return ("libaio found, not in this scenario (bench/scenarios/tiny-nvme.yaml runs it)" if info["nvme_offload"]
+            else "not run (no libaio on this machine)")

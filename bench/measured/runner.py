@@ -21,7 +21,7 @@ def _runner(system: str):
         "zbv": ours.stage_bound, "zb": ours.stage_bound, "bubbleless-1f1b": ours.stage_bound, "zbv-mem": ours.stage_bound,
         "roundrobin": ours.roundrobin, "1f1b": baselines.torch_1f1b, "ddp": baselines.ddp,
         "fsdp-offload": baselines.fsdp_offload, "zero-infinity": baselines.deepspeed_zero,
-        "zero2": baselines.deepspeed_zero,
+        "zero2": baselines.deepspeed_zero, "zero-infinity-nvme": baselines.deepspeed_zero,
     }[system]
 
 
