@@ -198,7 +198,7 @@ def test_rt_pool_async_lora_on_a_tiny_qwen3_equals_adamw_applying_gradients_one_
     pytest.importorskip("peft")
     sys.path.insert(0, os.path.dirname(__file__))  # the Hugging Face helpers beside this file
     from test_rt_pool_hf import CUT as HF_CUT
-    from test_rt_pool_hf import M, _batch, _models, _reference, _trainable
+    from test_rt_pool_hf import M, _batch, _models, _reference, _trainable, plain_adamw
 
     piped, masters = _models("qwen3", lora=True)
     running = copy.deepcopy(masters)
@@ -208,9 +208,7 @@ def test_rt_pool_async_lora_on_a_tiny_qwen3_equals_adamw_applying_gradients_one_
     assert all(hp.spare_working is None for hp in pipe.store.params if not hp.trainable)  # frozen: one copy
     frozen = {n: p.detach().clone() for n, p in piped.model.named_parameters() if not p.requires_grad}
     params = [p for _, p in _trainable(masters)]
-    plain = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.01},
-                               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
-                              lr=3e-3, betas=(0.9, 0.95))
+    plain = plain_adamw(params)
     for seed in (1, 2, 3):
         ids, labels = _batch(seed)
         pipe.step(ids, labels)

@@ -82,6 +82,13 @@ def test_rt_pool_hf_gradients_equal_unpipelined(name, lora):
         assert all(p.grad is None for n, p in piped.model.named_parameters() if not p.requires_grad)
 
 
+def plain_adamw(params) -> torch.optim.AdamW:
+    """Plain torch AdamW with these tests' host optimizer settings (lr 3e-3, betas 0.9/0.95, decay 0.01 on matrices)."""
+    return torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.01},
+                              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+                             lr=3e-3, betas=(0.9, 0.95))
+
+
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_rt_pool_hf_three_host_adamw_steps_equal_plain_adamw(lora):
     piped, ref = _models("qwen3", lora)
@@ -89,9 +96,7 @@ def test_rt_pool_hf_three_host_adamw_steps_equal_plain_adamw(lora):
     pipe = RoundRobinPipeline(piped.layers, devices=["cpu"] * 3, num_microbatches=M, loss_fn=piped.loss_fn,
                               partition=CUT, optimizer=options, timeout=120)
     params = [p for _, p in _trainable(ref)]
-    plain = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.01},
-                               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
-                              lr=3e-3, betas=(0.9, 0.95))
+    plain = plain_adamw(params)
     for seed in (1, 2, 3):
         ids, labels = _batch(seed)
         pipe.step(ids, labels)
