@@ -283,10 +283,15 @@ def test_rt_pool_interrupt_in_the_caller_stops_every_worker_and_the_next_step_wo
     pipe = _pool(model, PoolGroups((3, 3), 2, (1, 2, 3)))
     # a real SIGINT, as Ctrl-C sends: it wakes the caller blocked in join, mid-step
     timer = threading.Thread(target=lambda: (started.wait(10), os.kill(os.getpid(), signal.SIGINT)))
-    timer.start()
-    with pytest.raises(KeyboardInterrupt):
-        pipe.step(inputs, targets)
-    timer.join()
+    # Python's own Ctrl-C handler even where this process inherited SIGINT ignored (a background job)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            pipe.step(inputs, targets)
+        timer.join()
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert [w.weights.resident_bytes for w in pipe.workers] == [0] * 4
     assert all(p.grad is None for p in model.parameters())
     loss = pipe.step(inputs, targets)
