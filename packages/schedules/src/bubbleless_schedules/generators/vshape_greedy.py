@@ -197,6 +197,7 @@ def v_list_schedule(
                 cand["W1"] = now
         horizon = now + eps
         ready = {key for key, t in cand.items() if t <= horizon}  # membership is all it is asked
+        order = w_first_order if "W" in ready and held[r] >= w_first_at else plain_order
         if script:
             if script[0][0] == "W" and script[0] not in cand:
                 script.popleft()  # its W was already run to fill a gap
@@ -228,13 +229,16 @@ def v_list_schedule(
                 cand["I"], i_stage, choice = cand[choice], s0 if choice == "I0" else s1, "I"
         else:
             choice = None
-            for key in w_first_order if "W" in ready and held[r] >= w_first_at else plain_order:
+            for key in order:
                 if key in ready:
                     choice = key
                     break
         if patience > 0 and choice in ("W", "F0") and not script:
             w_len = w_cost[pending_w[r][0][0]] if pending_w[r] else f_cost[s0]
-            soon = [t for key, t in cand.items() if key in ("I", "F1") and t > now + eps]
+            # wait only for an arrival the order would run first: under the W-first order an F1 arriving
+            # soon would not be chosen over the W either, and the wait would only idle the rank
+            ahead = order[:order.index(choice)] if choice in order else order
+            soon = [t for key, t in cand.items() if key in ("I", "F1") and key in ahead and t > now + eps]
             if soon and min(soon) - now < patience * w_len:
                 push(events, (min(soon), r))
                 continue
