@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from .costs import Costs
 from .schedule import Schedule
-from .simulate import check_costs, peak_memory, simulate
+from .simulate import check_costs, peak_memory, simulated_makespan
 from .validate import validate
 
 Generator = Callable[..., Schedule]
@@ -123,7 +123,7 @@ def generate(
         # never a loss, for every generator at once. A generator whose every candidate already went through
         # this (``auto``) sets ``median_checked`` and is built once; so is every generator given per-stage
         # costs that are already even (their median is themselves, e.g. a reference's median steering).
-        schedule = _faster(schedule, build(median), costs, input_grad_frees)
+        schedule = _faster(schedule, build(median), costs)
     if memory_limit is not None:
         peak = max(peak_memory(schedule, input_grad_frees))
         if peak > memory_limit + 1e-9:
@@ -161,9 +161,9 @@ def _as_is(schedule: Schedule) -> Schedule:
     return schedule
 
 
-def _faster(first: Schedule, second: Schedule, costs: Costs, input_grad_frees: float) -> Schedule:
+def _faster(first: Schedule, second: Schedule, costs: Costs) -> Schedule:
     """The schedule with the shorter simulated makespan under ``costs`` (``first`` on a tie)."""
-    spans = [simulate(s, costs, input_grad_frees=input_grad_frees).makespan for s in (first, second)]
+    spans = [simulated_makespan(s, costs) for s in (first, second)]
     return second if spans[1] < spans[0] - 1e-9 else first
 
 
