@@ -209,6 +209,30 @@ def test_the_fp16_loss_scaler_and_bad_settings_are_refused_with_what_to_change()
         store.swap_grads()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_host_optimizer_is_built_over_the_double_buffered_masters(monkeypatch, dtype):
+    """One ``HostOptimizer`` and one torch optimizer for callers, over the masters the thread steps (fp32
+    parameters get new ones from ``double_buffer``): none built over masters that are then dropped."""
+    import bubbleless_offload.host_optimizer_async as module
+
+    built = []
+
+    class Counted(HostOptimizer):
+        def __init__(self, *args, **kwargs):
+            built.append(self)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(module, "HostOptimizer", Counted)
+    store = HostStore(tied_layers(dtype=dtype), pin_memory=False)
+    optimizer = AsyncHostOptimizer(store, name="adamw", lr=0.1, fused=False)
+    assert built == [optimizer.host]
+    masters = [hp.master for hp in store.trainable]
+    assert all(m.data_ptr() != hp.param.data_ptr() for m, hp in zip(masters, store.trainable, strict=True))
+    for torch_optimizer in (optimizer.torch_optimizer, optimizer._stepper):
+        stepped = [p for group in torch_optimizer.param_groups for p in group["params"]]
+        assert sorted(map(id, stepped)) == sorted(map(id, masters))
+
+
 def test_an_interpreter_exiting_mid_update_finishes_the_update_first(tmp_path):
     """The thread is not a daemon: ``python`` returns only after the update in flight wrote its result."""
     import subprocess

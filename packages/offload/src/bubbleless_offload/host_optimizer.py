@@ -62,7 +62,10 @@ class HostOptimizer:
     ``weight_decay``: for parameters with ``dim() >= 2`` only. ``max_grad_norm``: clip the global norm
     to this (0: no clipping). ``loss_scaler``: the fp16 scaler whose scale multiplied the loss (None or
     disabled: gradients are taken as they are; a step with inf/nan gradients is skipped anyway, so a
-    diverging run stops changing its weights instead of filling them with NaN).
+    diverging run stops changing its weights instead of filling them with NaN). ``prepare_store``: called
+    with ``store`` once every setting is checked, before the torch optimizer is built over its masters
+    (``AsyncHostOptimizer`` passes ``HostStore.double_buffer``, which gives fp32 parameters masters of
+    their own: a store changed only when the settings are good, and one optimizer over the final masters).
     """
 
     def __init__(
@@ -78,6 +81,7 @@ class HostOptimizer:
         max_grad_norm: float = 0.0,
         loss_scaler: DynamicLossScaler | None = None,
         fused: bool | None = None,
+        prepare_store: Callable[[HostStore], object] | None = None,
     ) -> None:
         if name not in OPTIMIZERS:
             raise ValueError(f"optimizer name {name!r} is unknown; choose one of {sorted(OPTIMIZERS)}")
@@ -105,6 +109,8 @@ class HostOptimizer:
         self.store, self.name, self.lr, self.betas, self.eps = store, name, lr, betas, eps
         self.weight_decay, self.momentum, self.max_grad_norm = weight_decay, momentum, max_grad_norm
         self.loss_scaler = loss_scaler
+        if prepare_store is not None:
+            prepare_store(store)
         masters = [hp.master for hp in store.trainable]
         groups = [
             {"params": [m for m in masters if m.dim() >= 2], "weight_decay": weight_decay},

@@ -65,7 +65,8 @@ class _Update:
 class AsyncHostOptimizer:
     """``HostOptimizer``'s step, one step stale, on a thread (see the module docstring).
 
-    Takes ``HostOptimizer``'s keyword arguments; ``store`` is double-buffered here (``double_buffer``).
+    Takes ``HostOptimizer``'s keyword arguments but ``prepare_store``: ``store`` is double-buffered here
+    (``double_buffer``).
     """
 
     def __init__(self, store: HostStore, *, loss_scaler: DynamicLossScaler | None = None, **settings) -> None:
@@ -75,9 +76,9 @@ class AsyncHostOptimizer:
                 "next step's loss is scaled with it): train in bf16, or use the synchronous optimizer"
             )
         self.store = store
-        self.host = HostOptimizer(store, loss_scaler=loss_scaler, **settings)  # validates every setting
-        store.double_buffer()
-        self.host = HostOptimizer(store, loss_scaler=loss_scaler, **settings)  # over the separate masters
+        # Double-buffered only once every setting is checked (a refused optimizer leaves the store as it
+        # was), and before the torch optimizer is built: fp32 parameters get masters of their own there.
+        self.host = HostOptimizer(store, loss_scaler=loss_scaler, prepare_store=HostStore.double_buffer, **settings)
         self.torch_optimizer: torch.optim.Optimizer = self.host.torch_optimizer
         """What callers see: give it to an LR scheduler; its ``state`` is the thread's."""
         groups = [dict(g) for g in self.torch_optimizer.param_groups]
