@@ -17,12 +17,13 @@ tensors from the working weights when those are bf16 or the optimizer is one ste
 ``optimizer`` is the host optimizer's ``state_dict``; both are taken after ``Trainer.synchronize`` has
 applied an update in flight, and a resume restores them, so it continues bit-identically to the run that
 saved them.
+
+``rng`` holds the generators' states, CUDA's among them where CUDA is available (``checkpoint_rng``).
 """
 
 from __future__ import annotations
 
 import os
-import random
 import shutil
 
 import torch
@@ -33,6 +34,7 @@ from bubbleless_schedules.roundrobin_layout import PoolGroups
 
 from . import checkpoint_files as files
 from . import checkpoint_state
+from .checkpoint_rng import capture_rng, restore_rng
 from .collectives import barrier, global_rank, is_distributed
 
 
@@ -46,7 +48,7 @@ def capture(trainer) -> dict:
         "optimizer": trainer.optimizer.state_dict(),
         "scheduler": None if trainer.scheduler is None else trainer.scheduler.state_dict(),
         "scaler": trainer.scaler.state_dict(),
-        "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
+        "rng": capture_rng(),
         "step": trainer.step,
         "data_position": trainer.data_position,
         "drained": None if trainer.drained is None else [trainer.drained.grad_norm, trainer.drained.skipped],
@@ -121,8 +123,7 @@ def restore(trainer, state: dict) -> None:
     if trainer.scheduler is not None and state["scheduler"] is not None:
         trainer.scheduler.load_state_dict(state["scheduler"])
     trainer.scaler.load_state_dict(state["scaler"])
-    torch.set_rng_state(state["rng"]["torch"])
-    random.setstate(state["rng"]["python"])
+    restore_rng(state["rng"])
     trainer.step, trainer.data_position = state["step"], state["data_position"]
     drained = state.get("drained")
     trainer.drained = None if drained is None else HostStepResult(grad_norm=drained[0], skipped=drained[1])
