@@ -12,6 +12,12 @@ Each layer is timed on the output of the one before it, so shapes are the model'
 Every figure is the median of ``repeats`` timings after ``warmup`` untimed runs, with the device
 synchronised around each. Activation bytes are what autograd saves for backward (counted with
 ``saved_tensors_hooks``), output bytes what the layer returns; both are divided by the token count.
+
+The activation count adds each saved tensor's own bytes every time one is saved, the weights a layer
+saves included (a linear keeps its weight for the input gradient). It is not the runtime's count
+(``bubbleless_runtime.saved_bytes``, the pool's device budget), which counts each storage once and
+leaves parameters out: on a ``Linear(32, 32)`` over 32 rows this gives 8192 bytes and that 4096, so
+sharing one counter would change every measured profile (and the cuts made from it).
 """
 
 from __future__ import annotations

@@ -11,6 +11,10 @@ gradient keeps after I (until W drops them), and each storage counts once howeve
 were saved. Parameters and views of them are not counted (a linear saves its weight's transpose). Only this thread's
 autograd is seen (the hooks are thread-local), and only saved tensors: weights, gradients, optimizer
 state and transfer buffers are not.
+
+The pool's device budget (``pool_worker``) counts the same storages its own way, per forward and on its
+device only; the partition profiler (``bubbleless_partition.measure``) counts otherwise, weights included
+(see its docstring).
 """
 
 from __future__ import annotations
