@@ -10,9 +10,11 @@
 - ``"auto"``: profile the layers on ``sample_input`` and cut. Every count of backward groups from 1 to
   ``3 x devices`` is cut (min-max job times, ``bubbleless_partition``), dispatched, and simulated under
   the profiled per-job costs; the fastest plan is kept (balance is a proxy, the simulated step the goal).
-  Without a memory cap, the ``roundrobin`` generator given the per-layer costs (``layer_costs=``: it
-  picks a cut and a dispatch of its own, tapered groups and recompute ahead into waits) is one more
-  candidate, kept when the simulator says it is faster.
+  The ``roundrobin`` generator given the per-layer costs (``layer_costs=``: it picks a cut and a
+  dispatch of its own, tapered groups, recompute ahead into waits, jobs split over devices) is one
+  more candidate, kept when the simulator says it is faster. Under a memory cap every candidate is held
+  to the bytes a device may hold (``pool_plan_cap``); the generator's plan with the largest
+  ``weight_limit`` that fits is the one tried.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from bubbleless_schedules.roundrobin_layout import PoolGroups, pool_groups
 
 from .arguments import check_microbatches
 from .auto_partition import measure
+from .pool_plan_cap import fits, generated_within, plan_peak_bytes
 
 
 def groups_from_partition(partition: Partition) -> PoolGroups:
@@ -104,11 +107,18 @@ def layer_costs_of(profile: Profile, *, bandwidth: float | None) -> Costs:
 
 
 _CUT_OPTIONS = frozenset({"forward_stages", "backward_stages", "last_layers", "layer_costs", "num_layers"})
+_LAYER_COST_OPTIONS = frozenset({"recompute_ahead", "split_backward", "weight_limit"})
+"""``roundrobin`` options of its layer-cost dispatch only: the DP cuts' candidates run without them."""
 
 
 def auto_groups(profile: Profile, *, num_devices: int, num_microbatches: int, name: str, options: dict,
                 bandwidth: float | None, memory_cap: float | None) -> tuple[PoolGroups, Schedule, Costs]:
-    """The cut and schedule the simulator predicts fastest among 1 .. 3 x devices backward groups."""
+    """The cut and schedule the simulator predicts fastest among 1 .. 3 x devices backward groups and,
+    for ``roundrobin`` with no cut options, the generator's own cut and dispatch from the per-layer costs.
+    ``memory_cap``: bytes per group (``cut()``'s rule); no device of the returned plan holds more than
+    ``2 x memory_cap`` (``pool_plan_cap.plan_peak_bytes``: two jobs' weights and the activations held)."""
+    device_budget = None if memory_cap is None else 2 * memory_cap
+    cut_options = {k: v for k, v in options.items() if name != "roundrobin" or k not in _LAYER_COST_OPTIONS}
     best = None
     errors = []
     for count in range(1, min(profile.num_layers, 3 * num_devices) + 1):
@@ -121,20 +131,31 @@ def auto_groups(profile: Profile, *, num_devices: int, num_microbatches: int, na
         groups = groups_from_partition(partition)
         costs = job_costs(profile, groups, bandwidth=bandwidth)
         schedule = generate_pool(name, groups, num_layers=profile.num_layers, num_devices=num_devices,
-                                 num_microbatches=num_microbatches, costs=costs, options=options)
+                                 num_microbatches=num_microbatches, costs=costs, options=cut_options)
+        if not fits(schedule, profile, device_budget):  # a dispatch holding more than one micro-batch
+            errors.append(f"the cut into {count} groups holds {max(plan_peak_bytes(schedule, profile)):.0f} bytes "
+                          f"on a device, over 2 x memory_cap={device_budget:.0f}")
+            continue
         makespan = simulate(schedule, costs).makespan
         if best is None or makespan < best[0] - 1e-12:
             best = (makespan, groups, schedule, costs)
+    if name == "roundrobin" and not _CUT_OPTIONS & set(options):
+        schedule = generated_within(profile, device_budget, layer_costs=layer_costs_of(profile, bandwidth=bandwidth),
+                                    num_devices=num_devices, num_microbatches=num_microbatches, options=options)
+        if schedule is not None:
+            groups = pool_groups(schedule)
+            costs = job_costs(profile, groups, bandwidth=bandwidth)
+            makespan = simulate(schedule, costs).makespan
+            if best is None or makespan < best[0] - 1e-12:
+                best = (makespan, groups, schedule, costs)
     if best is None:
-        raise ValueError(f"no round-robin cut of the profile fits: {errors[-1]}")
-    if name == "roundrobin" and memory_cap is None and not _CUT_OPTIONS & set(options):
-        schedule = generate(name, num_ranks=num_devices, num_microbatches=num_microbatches,
-                            layer_costs=layer_costs_of(profile, bandwidth=bandwidth), **options)
-        groups = pool_groups(schedule)
-        costs = job_costs(profile, groups, bandwidth=bandwidth)
-        makespan = simulate(schedule, costs).makespan
-        if makespan < best[0] - 1e-12:
-            best = (makespan, groups, schedule, costs)
+        cap = "no memory_cap" if memory_cap is None else (
+            f"memory_cap={memory_cap:.0f} bytes per group ({memory_cap / 2**30:.3f} GiB; a device holds two)")
+        raise ValueError(
+            f"no round-robin plan of the {profile.num_layers} layers over {num_devices} devices fits {cap}: "
+            f"{errors[-1] if errors else 'the layer-cost generator found none either'}. Raise the cap (the device "
+            "budget), use shorter sequences or micro-batches, or pin smaller groups with partition="
+        )
     return best[1], best[2], best[3]
 
 
@@ -198,4 +219,4 @@ def check_schedule(schedule: Schedule, *, num_layers: int, num_devices: int, num
 
 
 __all__ = ["LayerCost", "OneLayerOnDevice", "auto_groups", "layer_costs_of", "check_schedule", "copy_bandwidth", "generate_pool", "groups_from_partition",
-           "job_costs", "profile_layers"]
+           "job_costs", "plan_peak_bytes", "profile_layers"]

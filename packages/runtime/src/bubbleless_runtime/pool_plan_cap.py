@@ -1,0 +1,134 @@
+"""A round-robin plan's bytes per device, from a profile, and the layer-cost generator held to a cap.
+
+``auto_groups``' ``memory_cap`` is ``cut()``'s rule: bytes per group, a group's training state and one
+micro-batch's activations (``Profile.layer_memory``). A device holds two consecutive jobs (the current
+and the prefetched), so a device within the cut's rule holds at most ``2 x memory_cap``: that is the
+budget the layer-cost generator's plan is held to, counted by ``plan_peak_bytes``.
+
+``plan_peak_bytes`` walks each device's actions in the order the device runs them:
+
+- weights: the pool releases a device's jobs in the order they start and prefetches the next, so at
+  any action the device holds every job started and not yet finished there, and the next one to start
+  (at least two when there is a next). A job split over devices holds its weights on each of them.
+  A job's weights are its layers' ``param_bytes`` times ``Profile.state_bytes_per_param_byte``.
+- activations: a gradient job's R (the fused last group's F) keeps its layers'
+  ``activation_bytes_per_token`` times ``tokens_per_microbatch`` until that micro-batch's B, or its W
+  when B is split into I and W (I is counted as freeing nothing). Recomputing ahead (two micro-batches,
+  or the next job's in the current job's waits) holds them all. Forward jobs keep nothing.
+
+What no layer owns (the hidden-state buffers in and out, a loss chunk when the profile leaves it out)
+is the caller's to take off the cap first (``bench/modelled/ours.py`` does).
+"""
+
+from __future__ import annotations
+
+from bubbleless_partition import Profile
+from bubbleless_schedules import Schedule, generate
+from bubbleless_schedules.action import Kind
+from bubbleless_schedules.roundrobin_layout import peak_weight_layers, pool_groups
+
+
+def plan_peak_bytes(schedule: Schedule, profile: Profile) -> tuple[float, ...]:
+    """Per device, the most bytes of weights and saved activations it holds at once (module docstring)."""
+    groups = pool_groups(schedule)
+    if groups.num_layers != profile.num_layers:
+        raise ValueError(f"the schedule cuts {groups.num_layers} layers but the profile has {profile.num_layers}")
+    weights = [sum(profile.layers[i].param_bytes for i in groups.layers(j)) * profile.state_bytes_per_param_byte
+               for j in range(groups.num_stages)]
+    saved = [0.0 if groups.role(j) == "forward" else
+             sum(profile.layers[i].activation_bytes_per_token for i in groups.layers(j)) * profile.tokens_per_microbatch
+             for j in range(groups.num_stages)]
+    peaks = []
+    for row in schedule.actions:
+        order = list(dict.fromkeys(a.stage for a in row))
+        rank = {job: index for index, job in enumerate(order)}
+        last = {a.stage: position for position, a in enumerate(row)}
+        held, worst, current, started = {}, 0.0, 0, 0
+        for position, action in enumerate(row):
+            while last[order[current]] < position:  # jobs end in start order on a device (the pool's rule)
+                current += 1
+            started = max(started, rank[action.stage])
+            resident = sum(weights[j] for j in order[current:max(started, current + 1) + 1])
+            key = (action.stage, action.microbatch)
+            if action.kind is Kind.R or action.kind is Kind.F and groups.role(action.stage) == "last":
+                held[key] = saved[action.stage]
+            worst = max(worst, resident + sum(held.values()))
+            if action.kind in (Kind.B, Kind.W):
+                held.pop(key, None)
+        peaks.append(worst)
+    return tuple(peaks)
+
+
+def fits(schedule: Schedule, profile: Profile, device_budget: float | None) -> bool:
+    return device_budget is None or max(plan_peak_bytes(schedule, profile)) <= device_budget * (1 + 1e-12)
+
+
+LEANER = ({"split_backward": False}, {"split_backward": False, "recompute_ahead": 1})
+"""Dispatch options that hold fewer activations, tried in turn when the generator's own choice is over
+the budget: no W deferred past its I (all of a job's W may wait to its end), then one micro-batch
+recomputed ahead only (no next job's recompute in the current job's waits)."""
+
+
+def generated_within(profile: Profile, device_budget: float | None, *, layer_costs, num_devices: int,
+                     num_microbatches: int, options: dict) -> Schedule | None:
+    """``generate("roundrobin", layer_costs=...)`` whose plan keeps every device within ``device_budget``
+    bytes (``plan_peak_bytes``), None when none found does. Without a budget, or with ``weight_limit`` in
+    ``options``, the generator's own plan (None if over the budget; its ValueErrors propagate). Otherwise with ``weight_limit`` the
+    most layers whose weights alone could fit (``most_layers_within``): the generator's own dispatch,
+    then each ``LEANER`` one the options leave free, the first that fits; when none does, the largest
+    smaller limit whose plan fits with the leanest dispatch (a bisection)."""
+
+    def plan(**extra) -> Schedule:
+        return generate("roundrobin", num_ranks=num_devices, num_microbatches=num_microbatches,
+                        layer_costs=layer_costs, **{**options, **extra})
+
+    def attempt(**extra) -> Schedule | None:
+        try:
+            return plan(**extra)
+        except ValueError:  # no cut within the weight limit: a smaller limit finds none either
+            return None
+
+    if device_budget is None or "weight_limit" in options:  # the options' own errors are the caller's
+        schedule = plan()
+        return schedule if fits(schedule, profile, device_budget) else None
+    most = most_layers_within(profile, device_budget)
+    if most < 1:
+        return None
+    variants = [{}] + [lean for lean in LEANER if not set(lean) & set(options)]
+    high, widest = most - 1, None
+    for variant in variants:
+        if variant == {"split_backward": False} and widest is not None and not _splits_backward(widest):
+            continue  # the generator's own plan already runs B whole: it would come again
+        widest = attempt(weight_limit=most, **variant)
+        if widest is None:
+            return None
+        if fits(widest, profile, device_budget):
+            return widest
+        high = min(high, max(peak_weight_layers(widest)) - 1)
+    best, low = None, 1
+    while low <= high:  # the largest limit whose plan fits (fitting is nearly monotone in the limit)
+        limit = (low + high) // 2
+        schedule = attempt(weight_limit=limit, **variants[-1])
+        if schedule is None:
+            low = limit + 1
+        elif fits(schedule, profile, device_budget):
+            best, low = schedule, limit + 1
+        else:
+            high = limit - 1
+    return best
+
+
+def most_layers_within(profile: Profile, device_budget: float) -> int:
+    """The most layers whose weights (the lightest ones) fit ``device_budget``: no device of a plan that
+    fits holds more, so a larger ``weight_limit`` only admits plans over the budget."""
+    held, count = 0.0, 0
+    for size in sorted(layer.param_bytes * profile.state_bytes_per_param_byte for layer in profile.layers):
+        held += size
+        if held > device_budget:
+            break
+        count += 1
+    return count
+
+
+def _splits_backward(schedule: Schedule) -> bool:
+    return any(a.kind is Kind.W for row in schedule.actions for a in row)

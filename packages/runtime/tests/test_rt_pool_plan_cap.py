@@ -1,0 +1,150 @@
+"""The pool's automatic plan under a memory cap: the layer-cost generator is a candidate too, and no
+returned plan holds more than the cap allows (two groups' worth per device)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bubbleless_partition import LayerCost, Profile, cut
+from bubbleless_runtime import pool_plan
+from bubbleless_runtime.pool_plan_cap import plan_peak_bytes
+from bubbleless_schedules import Schedule, generate, simulate
+from bubbleless_schedules.roundrobin_layout import pool_groups
+
+HEADER = ("# bubbleless-schedule name=roundrobin stages=5 microbatches=2 layout=roundrobin "
+          "meta.forward_layers=2,1 meta.last_layers=1 meta.backward_layers=1,2\n")
+"""Jobs: 0 = F layers 0-1, 1 = F layer 2, 2 = the fused layer 3, 3 = R/B layers 1-2, 4 = R/B layer 0."""
+SMALL = Profile(layers=tuple(
+    LayerCost(name=f"l{i}", forward=1.0, input_grad=1.0, weight_grad=1.0, param_bytes=w, activation_bytes_per_token=a)
+    for i, (w, a) in enumerate([(1, 10), (2, 20), (4, 40), (8, 80)])))
+"""Job weights 3, 4, 8, 6, 1 bytes; a micro-batch of job 2 keeps 80, of job 3 60, of job 4 10 (one token)."""
+
+
+def _schedule(*rows: str) -> Schedule:
+    return Schedule.from_text(HEADER + "\n".join(rows) + "\n")
+
+
+@pytest.mark.parametrize(("rows", "peaks"), [
+    # one micro-batch held at a time: device 0's job 2 with job 4 prefetched (8 + 1 + 80), device 1's job 3 (6 + 60)
+    (("0F0 0F1 2F0 2B0 2F1 2B1 4R0 4B0 4R1 4B1", "1F0 1F1 3R0 3B0 3R1 3B1"), (89, 66)),
+    # recomputing two micro-batches ahead holds both
+    (("0F0 0F1 2F0 2B0 2F1 2B1 4R0 4B0 4R1 4B1", "1F0 1F1 3R0 3R1 3B0 3B1"), (89, 6 + 120)),
+    # the fused job split over both devices: its weights on each (device 1: 8 + 6 + 80)
+    (("0F0 0F1 2F0 2B0 4R0 4B0 4R1 4B1", "1F0 1F1 2F1 2B1 3R0 3B0 3R1 3B1"), (89, 94)),
+    # B split into I and W, both W deferred: the activations stay until W (I frees nothing)
+    (("0F0 0F1 2F0 2I0 2F1 2I1 2W0 2W1 4R0 4B0 4R1 4B1", "1F0 1F1 3R0 3B0 3R1 3B1"), (9 + 160, 66)),
+    # with LOAD/STORE: the same
+    (("0LOAD 0F0 0F1 2LOAD 2F0 2B0 2F1 2B1 2STORE 4LOAD 4R0 4B0 4R1 4B1 4STORE",
+      "1LOAD 1F0 1F1 3LOAD 3R0 3B0 3R1 3B1 3STORE"), (89, 66)),
+])
+def test_rt_pool_plan_peak_bytes_counts_weights_of_two_jobs_and_held_activations(rows, peaks):
+    assert plan_peak_bytes(_schedule(*rows), SMALL) == peaks
+
+
+def test_rt_pool_plan_peak_bytes_scales_weights_by_the_state_per_param_byte():
+    rows = ("0F0 0F1 2F0 2B0 2F1 2B1 4R0 4B0 4R1 4B1", "1F0 1F1 3R0 3B0 3R1 3B1")
+    assert plan_peak_bytes(_schedule(*rows), SMALL.with_(state_bytes_per_param_byte=2.0)) == (98, 72)
+    with pytest.raises(ValueError, match="profile has 3"):
+        plan_peak_bytes(_schedule(*rows), SMALL.with_(layers=SMALL.layers[:3]))
+
+
+# A heavy fused head (the LM head): the generator splits it over devices, which the DP cuts cannot.
+HEAD = LayerCost(name="head", forward=3.0, input_grad=3.0, weight_grad=3.0, param_bytes=60.0,
+                 activation_bytes_per_token=6.0)
+BODY = tuple(LayerCost(name=f"layer{i}", forward=1.0, input_grad=1.3, weight_grad=1.3, param_bytes=10.0,
+                       activation_bytes_per_token=2.0) for i in range(7))
+PROFILE = Profile(layers=BODY + (HEAD,), tokens_per_microbatch=4)
+PLAN = {"num_devices": 2, "num_microbatches": 4, "name": "roundrobin", "options": {}, "bandwidth": None}
+
+
+def _makespan(schedule: Schedule, profile: Profile = PROFILE) -> float:
+    return simulate(schedule, pool_plan.job_costs(profile, pool_groups(schedule), bandwidth=None)).makespan
+
+
+def _best_cut_makespan(memory_cap: float) -> float:
+    """The fastest DP cut (what auto_groups tried alone under a cap before)."""
+    spans = []
+    for count in range(1, PROFILE.num_layers + 1):
+        try:
+            part = cut(PROFILE, num_stages=count, method="roundrobin", num_microbatches=4, memory_cap=memory_cap)
+        except ValueError:
+            continue
+        groups = pool_plan.groups_from_partition(part)
+        spans.append(_makespan(pool_plan.generate_pool(
+            "roundrobin", groups, num_layers=PROFILE.num_layers, num_devices=2, num_microbatches=4,
+            costs=pool_plan.job_costs(PROFILE, groups, bandwidth=None), options={})))
+    return min(spans)
+
+
+def _device_bytes(schedule: Schedule, profile: Profile) -> list[float]:
+    """Per device, its peak summed afresh: at each action, the weights of every job whose span on the device
+    covers it plus the next job to start, and the activations of every micro-batch opened (R, or the fused
+    group's F) and not yet closed (B or W) there."""
+    groups = pool_groups(schedule)
+    out = []
+    for row in schedule.actions:
+        spans = {}
+        for position, action in enumerate(row):
+            first, _ = spans.get(action.stage, (position, position))
+            spans[action.stage] = (first, position)
+        worst = 0.0
+        for position in range(len(row)):
+            live = [j for j, (a, b) in spans.items() if a <= position <= b]
+            later = sorted((a, j) for j, (a, _) in spans.items() if a > position)
+            jobs = set(live) | ({later[0][1]} if later else set())
+            weights = sum(profile.layers[i].param_bytes for j in jobs for i in groups.layers(j))
+            kept = 0.0
+            for opened, action in enumerate(row[:position + 1]):
+                holds = action.kind.value == "R" or action.kind.value == "F" and groups.role(action.stage) == "last"
+                closed = any(b.stage == action.stage and b.microbatch == action.microbatch and b.kind.value in "BW"
+                             for b in row[opened + 1:position + 1])
+                if holds and not closed:
+                    kept += sum(profile.layers[i].activation_bytes_per_token for i in groups.layers(action.stage))
+            worst = max(worst, weights + kept * profile.tokens_per_microbatch)
+        out.append(worst)
+    return out
+
+
+def test_rt_pool_auto_plan_under_a_generous_cap_keeps_the_generators_faster_plan():
+    cap = 1e9
+    _, schedule, costs = pool_plan.auto_groups(PROFILE, memory_cap=cap, **PLAN)
+    generated = generate("roundrobin", num_ranks=2, num_microbatches=4, weight_limit=PROFILE.num_layers,
+                         layer_costs=pool_plan.layer_costs_of(PROFILE, bandwidth=None))
+    assert _makespan(generated) < _best_cut_makespan(cap) - 1e-9  # the generator's plan is the faster here
+    assert schedule.actions == generated.actions
+    assert simulate(schedule, costs).makespan == pytest.approx(_makespan(generated))
+
+
+def test_rt_pool_auto_plan_under_tight_caps_never_returns_a_plan_over_the_cap():
+    free = generate("roundrobin", num_ranks=2, num_microbatches=4, weight_limit=PROFILE.num_layers,
+                    layer_costs=pool_plan.layer_costs_of(PROFILE, bandwidth=None))
+    free_peak = max(_device_bytes(free, PROFILE))
+    smallest = max(PROFILE.layer_memory(i) for i in range(PROFILE.num_layers))  # one layer per group
+    binding = 0
+    for step in range(13):
+        cap = smallest + (free_peak / 2 - smallest) * step / 12
+        _, schedule, _ = pool_plan.auto_groups(PROFILE, memory_cap=cap, **PLAN)
+        assert max(_device_bytes(schedule, PROFILE)) <= 2 * cap + 1e-9, (cap, schedule.to_text())
+        binding += free_peak > 2 * cap
+    assert binding >= 10  # the generator's unconstrained plan is over most of these caps
+
+
+def test_rt_pool_auto_plan_with_a_cap_nothing_fits_says_what_to_change():
+    head = PROFILE.layer_memory(PROFILE.num_layers - 1)  # the head's weights and one micro-batch of it
+    with pytest.raises(ValueError, match="smallest cap that fits"):  # cut()'s rule (a group within the cap)
+        cut(PROFILE, num_stages=PROFILE.num_layers, method="roundrobin", num_microbatches=4, memory_cap=head * 0.9)
+    _, schedule, _ = pool_plan.auto_groups(PROFILE, memory_cap=head * 0.9, **PLAN)  # but a device holds two
+    assert max(_device_bytes(schedule, PROFILE)) <= 2 * head * 0.9 + 1e-9
+    with pytest.raises(ValueError, match="memory_cap=.* per group.*Raise the cap"):
+        pool_plan.auto_groups(PROFILE, memory_cap=head / 2 * 0.95, **PLAN)
+
+
+def test_rt_pool_auto_plan_keeps_a_given_weight_limit_and_refuses_its_plan_over_the_cap():
+    options = {"weight_limit": PROFILE.num_layers}
+    generated = generate("roundrobin", num_ranks=2, num_microbatches=4, layer_costs=pool_plan.layer_costs_of(
+        PROFILE, bandwidth=None), **options)
+    peak = max(_device_bytes(generated, PROFILE))
+    _, schedule, _ = pool_plan.auto_groups(PROFILE, memory_cap=peak / 2, **{**PLAN, "options": options})
+    assert schedule.actions == generated.actions
+    _, schedule, _ = pool_plan.auto_groups(PROFILE, memory_cap=peak / 2 - 1, **{**PLAN, "options": options})
+    assert max(_device_bytes(schedule, PROFILE)) <= peak - 2
