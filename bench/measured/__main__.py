@@ -30,7 +30,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     from tqdm import tqdm
 
-    from .report import write
+    from .report import failures, ran, write
     from .runner import longest_sequence, measure
     from .scenario import load_scenario
 
@@ -61,7 +61,7 @@ def main(argv=None) -> int:
     if not (args.quick or args.no_longest):
         with tqdm(unit="probe", file=sys.stderr) as bar:
             for name in scenario.systems:
-                if "error" not in systems[name]:
+                if ran(systems[name]):
                     longest[name] = longest_sequence(scenario, name, progress=bar)
     memory = None
     pipelines = [s for s in ("zbv", "zbv-mem", "bubbleless-1f1b", "1f1b") if s in scenario.systems]
@@ -79,7 +79,7 @@ def main(argv=None) -> int:
                    memory=memory)
     print(f"wrote {md} and {js}")
     print(md.read_text())
-    return 0 if all("error" not in r for r in systems.values()) else 1
+    return 1 if failures(systems) else 0
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ def write_plot(systems: dict, path: Path, scenario_name: str, ours) -> list[str]
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [n for n, r in systems.items() if "error" not in r]
+    names = [n for n, r in systems.items() if "error" not in r and "skipped" not in r]
     colours = ["C0" if n in ours else "C7" for n in names]
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
     axes[0].bar(names, [systems[n]["tokens_per_s"] for n in names], color=colours)

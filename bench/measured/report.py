@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from .paired import paired_ratio
 from .scenario import Scenario
 
 OURS = ("zbv", "zb", "bubbleless-1f1b", "roundrobin", "zbv-mem")
@@ -69,6 +70,16 @@ def _mib(value) -> str:
     return f"{value / 2**20:,.0f}" if value is not None else "-"
 
 
+def failures(systems: dict) -> list[str]:
+    """The systems that failed every run; a skipped one (``"skipped"``: what the machine lacks) is not one."""
+    return [name for name, row in systems.items() if "error" in row and "skipped" not in row]
+
+
+def ran(row: dict) -> bool:
+    """The system has figures: neither failed nor skipped."""
+    return "error" not in row and "skipped" not in row
+
+
 def loss_check(scenario: Scenario, systems: dict) -> tuple[float | None, dict[str, bool]]:
     losses = {s: r["loss"] for s, r in systems.items() if "loss" in r}
     if not losses:
@@ -107,7 +118,16 @@ def goals(scenario: Scenario, systems: dict, equal: dict) -> list[str]:
     for ours in ("zbv", "zbv-mem"):
         if not (tps(ours) and tps("1f1b")):
             continue
-        ratio = tps(ours) / tps("1f1b")
+        paired = paired_ratio(systems, ours, "1f1b")
+        pooled = tps(ours) / tps("1f1b")
+        ratio = paired.median if paired is not None else pooled
+        if paired is not None and paired.rounds > 1:
+            how = (f"the median of the {paired.rounds} per-round ratios (each round runs both back to back), "
+                   f"min-max {paired.low:.2f}-{paired.high:.2f}x, interquartile {paired.quartiles[0]:.2f}-"
+                   f"{paired.quartiles[1]:.2f}x; the pooled medians' quotient, {pooled:.2f}x, mixes rounds of "
+                   "different load and is not the verdict")
+        else:
+            how = "one round: its medians' quotient"
         ours_mem, theirs_mem = systems[ours]["peak_growth_bytes"], systems["1f1b"]["peak_growth_bytes"]
         seqs = systems[ours].get("max_seq_len"), systems["1f1b"].get("max_seq_len")
         same_memory = ours_mem <= SAME_MEMORY * theirs_mem and (None in seqs or seqs[0] >= seqs[1])
@@ -125,7 +145,7 @@ def goals(scenario: Scenario, systems: dict, equal: dict) -> list[str]:
             "which the alternating rounds spread but cannot remove, is larger than the 10% asked.")
         lines.append(
             f"- **{ours} vs torch Schedule1F1B** (goal >= 1.1x at the same memory): {ratio:.2f}x tokens/s "
-            f"({'met' if ratio >= 1.1 else 'NOT met'}); the same memory (peak RSS growth within "
+            f"({'met' if ratio >= 1.1 else 'NOT met'}; {how}); the same memory (peak RSS growth within "
             f"{SAME_MEMORY - 1:.0%} and a longest sequence at least 1F1B's): "
             f"{'met' if same_memory else 'NOT met'}: peak RSS growth {_mib(ours_mem)} MiB vs {_mib(theirs_mem)} MiB "
             f"({ours_mem / theirs_mem:.2f}x){longest}. {why}")
@@ -139,8 +159,9 @@ def goals(scenario: Scenario, systems: dict, equal: dict) -> list[str]:
                      "GPUs (one job's weights and activations per device) cannot show on CPU; its executor "
                      f"accounting says {_mib(systems['roundrobin'].get('device_peak_bytes'))} MiB per device.")
     if tps("bubbleless-1f1b") and tps("1f1b"):
-        lines.append(f"- our 1F1B vs torch's: {tps('bubbleless-1f1b') / tps('1f1b'):.2f}x (same schedule: the "
-                     "runtimes' overhead alone).")
+        paired = paired_ratio(systems, "bubbleless-1f1b", "1f1b")
+        ratio = paired.text() if paired is not None else f"{tps('bubbleless-1f1b') / tps('1f1b'):.2f}x"
+        lines.append(f"- our 1F1B vs torch's: {ratio} (same schedule: the runtimes' overhead alone).")
     return lines
 
 
@@ -176,8 +197,11 @@ def write(scenario: Scenario, systems: dict, longest: dict, out: Path, *, calibr
         f"NVMe offload: {_nvme_note(scenario, info)}.",
         "",
         f"tokens/s: median over {scenario.rounds} round(s) x {scenario.steps} timed steps (after {scenario.warmup} "
-        f"warm-up steps each round) of {scenario.tokens_per_step:,} tokens per step; each round runs every system "
-        "in fresh processes, the order rotated from round to round, so load on a shared machine hits all alike. "
+        f"warm-up steps each round) of {scenario.tokens_per_step:,} tokens per step, every step of every round "
+        "pooled; each round runs every system in fresh processes, the order rotated from round to round. "
+        "vs torch 1F1B: the median over rounds of the paired per-round ratio (a round's median tokens/s over torch "
+        "1F1B's in the same round, so that load that swings between rounds cancels), min-max over the rounds in "
+        "brackets; pooled medians would mix rounds of different load. "
         f"Loss: the step-{scenario.warmup + scenario.steps} loss of the first round, every system from the same "
         f"seed on the same batches; equal = within {scenario.loss_tolerance:g} (relative) of the first system's. "
         f"Memory: {MEMORY_NOTE}. Longest sequence: the sequence length doubled from {scenario.longest_low} until a "
@@ -190,6 +214,10 @@ def write(scenario: Scenario, systems: dict, longest: dict, out: Path, *, calibr
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, row in systems.items():
+        if "skipped" in row:
+            lines.append(f"| {name} | {'yes' if name in OURS else 'baseline'} | skipped: {row['skipped'][:160]} "
+                         "| | | | | | | | not run on this machine |")
+            continue
         if "error" in row:
             lines.append(f"| {name} | {'yes' if name in OURS else 'baseline'} | failed | | | | | | | | {row['error'][:160]} |")
             continue
@@ -201,7 +229,8 @@ def write(scenario: Scenario, systems: dict, longest: dict, out: Path, *, calibr
         if row.get("failed_runs"):
             notes.append(f"{len(row['failed_runs'])} failed run(s)")
         seq = row.get("max_seq_len")
-        ratio = f"{row['tokens_per_s'] / base:.2f}x" if base else "-"
+        paired = paired_ratio(systems, name, "1f1b") if base and name != "1f1b" else None
+        ratio = paired.text() if paired is not None else (f"{row['tokens_per_s'] / base:.2f}x" if base else "-")
         seq_text = "-" if seq is None else (f">= {seq:,} (the cap)" if longest.get(name, {}).get("capped") else f"{seq:,}")
         lines.append(
             f"| {name} | {'yes' if name in OURS else 'baseline'} | {row['tokens_per_s']:,.0f} | {row['step_s']:.3f} | "

@@ -63,26 +63,47 @@ def run_system(scenario: Scenario, system: str, *, steps: int, warmup: int, seq_
     return out
 
 
+def skip_reason(system: str) -> str:
+    """Why ``system`` cannot run on this machine ("" when it can): asked once, before any round, so a
+    system that needs what the machine lacks (libaio for NVMe offload) is reported as skipped, not failed."""
+    if system == "zero-infinity-nvme":
+        from .baselines import aio_unavailable
+
+        return aio_unavailable()
+    return ""
+
+
 def measure(scenario: Scenario, *, progress=None) -> dict[str, dict]:
-    """Every system, ``rounds`` times, the order rotated each round; per system the merged figures."""
+    """Every system, ``rounds`` times, the order rotated each round; per system the merged figures.
+
+    Each run keeps its round's index (``round``), so that ratios can pair systems round by round."""
     order = list(scenario.systems)
+    skipped = {s: why for s in order if (why := skip_reason(s))}
     runs: dict[str, list[dict]] = {s: [] for s in order}
     for round_index in range(scenario.rounds):
         shift = round_index % len(order)
         for system in order[shift:] + order[:shift]:
             if progress is not None:
                 progress.set_description(f"round {round_index + 1}/{scenario.rounds}: {system}")
-            try:
-                runs[system].append(run_system(scenario, system, steps=scenario.steps, warmup=scenario.warmup))
-            except Exception as error:  # noqa: BLE001 - a failing system is reported, the others still run
-                runs[system].append({"error": f"{type(error).__name__}: {str(error)[:400]}"})
+            if system in skipped:
+                runs[system].append({"skipped": skipped[system], "round": round_index})
+            else:
+                try:
+                    run = run_system(scenario, system, steps=scenario.steps, warmup=scenario.warmup)
+                except Exception as error:  # noqa: BLE001 - a failing system is reported, the others still run
+                    run = {"error": f"{type(error).__name__}: {str(error)[:400]}"}
+                runs[system].append({**run, "round": round_index})
             if progress is not None:
                 progress.update(1)
     return {system: merge(scenario, found) for system, found in runs.items()}
 
 
 def merge(scenario: Scenario, runs: list[dict]) -> dict:
-    good = [r for r in runs if "error" not in r]
+    """One system's runs merged: pooled medians, and per run (``per_round_tokens_per_s``, in the order of
+    ``round_of_run``, the round each good run belongs to) its own median."""
+    if runs and all("skipped" in r for r in runs):
+        return {"skipped": runs[0]["skipped"], "runs": 0}
+    good = [r for r in runs if "error" not in r and "skipped" not in r]
     if not good:
         return {"error": runs[0]["error"], "runs": len(runs)}
     samples = [scenario.tokens_per_step / t for r in good for t in r["times"]]
@@ -90,7 +111,8 @@ def merge(scenario: Scenario, runs: list[dict]) -> dict:
     first = good[0]
     out = {
         "tokens_per_s": statistics.median(samples), "samples_tokens_per_s": samples,
-        "per_round_tokens_per_s": per_run, "step_s": statistics.median(t for r in good for t in r["times"]),
+        "per_round_tokens_per_s": per_run, "round_of_run": [r.get("round", i) for i, r in enumerate(good)],
+        "step_s": statistics.median(t for r in good for t in r["times"]),
         "loss": first["losses"][-1], "losses": first["losses"],
         "loss_same_every_round": all(r["losses"] == first["losses"] for r in good),
         "peak_growth_bytes": max(r["peak_growth_bytes"] for r in good),
