@@ -10,14 +10,19 @@ Each layer is timed on the output of the one before it, so shapes are the model'
 - R: the same forward timed again as a backward stage re-runs it from its saved input.
 
 Every figure is the median of ``repeats`` timings after ``warmup`` untimed runs, with the device
-synchronised around each. Activation bytes are what autograd saves for backward (counted with
-``saved_tensors_hooks``), output bytes what the layer returns; both are divided by the token count.
+synchronised around each. Output bytes are what the layer returns, divided by the token count.
 
-The activation count adds each saved tensor's own bytes every time one is saved, the weights a layer
-saves included (a linear keeps its weight for the input gradient). It is not the runtime's count
-(``bubbleless_runtime.saved_bytes``, the pool's device budget), which counts each storage once and
-leaves parameters out: on a ``Linear(32, 32)`` over 32 rows this gives 8192 bytes and that 4096, so
-sharing one counter would change every measured profile (and the cuts made from it).
+Activation bytes per token are what one micro-batch keeps alive on the layer's stage from its forward
+until its backward, the bytes ``Profile.layer_memory`` multiplies by the tokens and the micro-batches in
+flight (what ``cut(memory_cap=...)``, ``partition="auto"`` and the pool's fit check plan with): the
+storages autograd saves for backward (``saved_tensors.SavedStorages``), each once however many ops saved
+it (an input read by two linears), counted while the layer's output still holds its graph. The layer's
+parameters and buffers are left out, saved or not (a linear keeps its weight for the input gradient):
+they are ``param_bytes``, held once whatever the micro-batches. Scratch an op frees before the layer
+returns is left out too; it is the forward's working memory, not what waits for the backward. A
+layer's saved input counts here (a ``Linear``'s activation bytes are its input's bytes). Each layer is
+counted on its own, so a tensor two layers both save (a tanh's output, the next linear's input) counts
+in each: what two stages hold when cut between them, a little more than one stage holding both does.
 """
 
 from __future__ import annotations
@@ -56,17 +61,15 @@ def _tokens(sample) -> int:
     return max(1, sample.numel())
 
 
-def _saved_bytes(torch, layer, x) -> int:
-    total = 0
+def _saved_bytes(layer, x) -> int:
+    """Bytes of the storages one forward of ``layer`` keeps for its backward (see the module docstring)."""
+    from .saved_tensors import SavedStorages
 
-    def pack(tensor):
-        nonlocal total
-        total += tensor.numel() * tensor.element_size()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        layer(x)
-    return total
+    with SavedStorages(excluded=[*layer.parameters(), *layer.buffers()]) as saved:
+        output = layer(x)  # held while counting: its graph, and what that saved, lives as long as it does
+        kept = saved.live
+    del output
+    return kept
 
 
 def _measure_layer(torch, name: str, layer, x, sync, repeats: int, warmup: int, tokens: int):
@@ -103,7 +106,7 @@ def _measure_layer(torch, name: str, layer, x, sync, repeats: int, warmup: int, 
         weight_grad=median_of(params),
         recompute=recompute,
         param_bytes=sum(p.numel() * p.element_size() for p in layer.parameters()),
-        activation_bytes_per_token=_saved_bytes(torch, layer, x) / tokens,
+        activation_bytes_per_token=_saved_bytes(layer, x) / tokens,
         output_bytes_per_token=y.numel() * y.element_size() / tokens,
     )
     return cost, y.detach()
