@@ -126,3 +126,8 @@ def test_part_buffers_and_scratch_are_not_activations():
             return x.tanh()  # saves its output, kept until the backward
 
     assert _kept_bytes(Scratch(), x) == x.nbytes
+
+
+def test_part_a_micro_batch_sliced_from_a_batch_counts_its_own_bytes():
+    ids = torch.randint(0, 50, (8, 16))  # the batch; the embedding saves the ids it reads
+    assert _kept_bytes(torch.nn.Embedding(50, 8), ids[:2]) == ids[:2].nbytes  # not the batch's storage

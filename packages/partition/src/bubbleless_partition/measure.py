@@ -134,7 +134,9 @@ def profile(layers: Sequence, sample_input, *, repeats: int = 5, warmup: int = 1
     device = torch.device(device) if device is not None else sample_input.device
     sync = _synchronizer(torch, device)
     tokens = _tokens(sample_input)
-    x = sample_input.to(device)
+    # its own storage: a micro-batch sliced from a batch is a view of the whole, and the first layer
+    # saving it (an embedding's ids) would count the whole batch's bytes
+    x = sample_input.to(device).clone(memory_format=torch.contiguous_format)
     costs = []
     for index, layer in enumerate(layers):
         layer.to(device)
