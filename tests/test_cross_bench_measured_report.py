@@ -68,3 +68,40 @@ def test_cross_bench_measured_a_system_the_machine_cannot_run_is_skipped_not_fai
     assert failures(systems) == [] and failures({"x": {"error": "E: died", "runs": 1}}) == ["x"]
     text = write(SMALL.with_(systems=("ddp",)), systems, {}, tmp_path / "measured.md", command="test")[0].read_text()
     assert "| ddp | baseline | skipped: no libaio here |" in text and "failed" not in text.split("## Goals")[0]
+
+
+def _profile(train_ms: list[float]):
+    from bubbleless_partition import LayerCost, Profile
+
+    return Profile(layers=tuple(LayerCost(name=str(i), forward=t / 3, input_grad=t / 3, weight_grad=t / 3)
+                                for i, t in enumerate(train_ms)))
+
+
+def test_cross_bench_measured_zbv_mem_takes_the_fastest_v_cut_within_1f1b_memory():
+    from bench.measured.vcut import choose_v_cut, compositions, rank_peaks
+    from bubbleless_schedules import generate
+
+    assert len(list(compositions(8, 4))) == 35 and all(sum(c) == 8 and min(c) >= 1 for c in compositions(8, 4))
+    # the tiny model's shape: embedding (nothing saved), six decoder layers, the head (a third of a layer)
+    layer_bytes, train = [0, 30, 30, 30, 30, 30, 30, 10], [0.1, 3, 3, 3, 3, 3, 3, 2]
+    found = choose_v_cut(_profile(train), layer_bytes, workers=2, microbatches=8)
+    zbv = generate("zbv", num_ranks=2, num_microbatches=8)
+    assert max(rank_peaks(zbv, [30, 60, 60, 40])) > found.limit  # the even V cut holds more than 1F1B
+    assert max(found.peaks) <= found.limit == 180  # 1F1B's rank 0: two micro-batches of three layers
+    assert found.sizes == (2, 1, 2, 3) and found.predicted_ms < found.baseline_ms
+
+
+def test_cross_bench_measured_zbv_mem_without_a_cut_says_how_to_get_one():
+    import pytest
+
+    from bench.measured.ours import memory_cut
+    from bench.measured.scenario import scenario_from_dict
+
+    with pytest.raises(ValueError, match="with_measured_cut"):
+        memory_cut(SMALL, "zbv-mem")
+    assert memory_cut(SMALL.with_(zbv_mem_cut=(1, 1, 1, 1)), "zbv-mem") == [1, 1, 1, 1]
+    assert memory_cut(SMALL, "zbv") is None
+    with pytest.raises(ValueError, match="must give 4 stages"):
+        SMALL.with_(zbv_mem_cut=(2, 2))
+    again = scenario_from_dict(SMALL.with_(zbv_mem_cut=(1, 1, 1, 1)).as_dict())
+    assert again.zbv_mem_cut == (1, 1, 1, 1)

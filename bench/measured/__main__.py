@@ -55,8 +55,13 @@ def main(argv=None) -> int:
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    from .vcut import with_measured_cut
+
+    scenario, cut = with_measured_cut(scenario)  # zbv-mem's cut, once, for every round, probe and the record
     with tqdm(total=scenario.rounds * len(scenario.systems), unit="run", file=sys.stderr) as bar:
         systems = measure(scenario, progress=bar)
+    if cut is not None:
+        systems["zbv-mem"]["cut"] = cut.as_dict()
     longest = {}
     if not (args.quick or args.no_longest):
         with tqdm(unit="probe", file=sys.stderr) as bar:

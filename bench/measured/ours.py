@@ -12,23 +12,19 @@ SCHEDULE_OF = {"bubbleless-1f1b": "1f1b", "zb": "zb", "zbv": "zbv", "zbv-mem": "
 
 
 def memory_cut(scenario: Scenario, system: str) -> list[int] | None:
-    """Layers per stage: None (the even cut) except for ``zbv-mem`` on 2 ranks, whose V cut gives each
-    rank as many decoder layers as torch's even 1F1B cut does (rank 0: the embedding, 1 layer | n/2 - 2
-    layers and the head; rank 1: 1 | n/2 - 2 layers, n = layers + 2).
+    """Layers per stage: None (the even cut) except for ``zbv-mem``, whose cut is the scenario's
+    ``zbv_mem_cut``: measured at the start of a run (``vcut.with_measured_cut``: the fastest V cut under
+    the layers' profiled costs whose every rank holds no more activations than torch 1F1B's busiest).
 
-    Why: activations are the decoder layers' (the embedding saves next to nothing, the head about one
-    layer's worth, the logits), and a V rank holds up to two micro-batches of both its stages. The even
-    V cut puts n/2 decoder layers on rank 1 (its two middle stages) where 1F1B's busiest rank has
-    n/2 - 1, so at the same schedule peak (2 M_B) rank 1 holds a third more; this cut gives it 1F1B's
-    share, at the price of rank 0 doing the head's work on top of the same layer count."""
+    Why not the even cut: a V rank holds up to two micro-batches of both its stages, and the even V cut
+    puts n/2 decoder layers on rank 1 (its two middle stages) where 1F1B's busiest rank has n/2 - 1, so
+    at the same schedule peak rank 1 holds a third more."""
     if system != "zbv-mem":
         return None
-    n = scenario.model.layers + 2
-    if scenario.workers != 2 or n < 8:
-        raise ValueError(f"zbv-mem is defined for 2 workers and at least 6 decoder layers, got "
-                         f"{scenario.workers} workers and {scenario.model.layers} layers; measure zbv instead")
-    half = n // 2
-    return [2, 1, half - 2, n - half - 1]
+    if scenario.zbv_mem_cut is None:
+        raise ValueError("zbv-mem runs on a measured cut: pass the scenario through "
+                         "bench.measured.vcut.with_measured_cut first (measure does), or set zbv_mem_cut")
+    return list(scenario.zbv_mem_cut)
 
 
 def stage_bound(rank: int, scenario: Scenario, *, system: str, steps: int, warmup: int, seq_len: int,

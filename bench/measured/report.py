@@ -103,10 +103,18 @@ WHY_EVEN_V = (
     "executor holds what the schedule says (the per-rank section: saved for backward), but on the even cut an "
     "M_B is not the same size: the V's middle rank holds two micro-batches of its two middle stages, 4 "
     "decoder layers, where 1F1B's first rank holds 3 and the embedding.")
-WHY_MEMORY_CUT = (
-    "zbv on the cut that gives each rank 1F1B's decoder layers (`ours.memory_cut`: [2, 1, 2, 3] on this "
-    "model), the same schedule: each rank's activations are then 1F1B's busiest rank's, and rank 0 does "
-    "the head's work on top of its 3 layers.")
+
+
+def why_memory_cut(scenario: Scenario, row: dict) -> str:
+    cut, sizes = row.get("cut"), scenario.zbv_mem_cut
+    if cut is None:
+        return f"zbv on the cut {list(sizes) if sizes else '(not recorded)'}, the same schedule."
+    return (f"zbv on the cut {cut['sizes']} (layers per stage), the same schedule. The cut was measured "
+            f"(`vcut`): of the V cuts whose every rank holds at most torch 1F1B's busiest rank's bytes saved "
+            f"for backward ({_mib(cut['limit'])} MiB on its even cut; this cut's ranks "
+            f"{', '.join(_mib(p) for p in cut['peaks'])} MiB), {cut['candidates']} in all, the one whose step the "
+            f"simulator predicts shortest under the layers' profiled costs ({cut['predicted_ms']:.0f} ms against "
+            f"1F1B's {cut['baseline_ms']:.0f} ms on the same profile).")
 
 
 def goals(scenario: Scenario, systems: dict, equal: dict) -> list[str]:
@@ -138,7 +146,7 @@ def goals(scenario: Scenario, systems: dict, equal: dict) -> list[str]:
         beyond = ("the rest of the measured gain has another cause, not isolated here (candidates: the V keeps "
                   "the middle hand-off on one rank, so fewer gloo transfers; uneven stage costs that the V "
                   "balances differently)" if ratio > simulated else "the measured ratio falls short of it")
-        why = (WHY_EVEN_V if ours == "zbv" else WHY_MEMORY_CUT) + (
+        why = (WHY_EVEN_V if ours == "zbv" else why_memory_cut(scenario, systems[ours])) + (
             f" The bubble alone explains {simulated:.2f}x (the simulator, unit costs, p={scenario.workers}, "
             f"m={scenario.microbatches}); {beyond}. Rounds of these two systems differ by up to {spread} "
             "(`per_round_tokens_per_s` in the JSON): load from other processes on this shared 2-core machine, "

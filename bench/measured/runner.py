@@ -77,6 +77,9 @@ def measure(scenario: Scenario, *, progress=None) -> dict[str, dict]:
     """Every system, ``rounds`` times, the order rotated each round; per system the merged figures.
 
     Each run keeps its round's index (``round``), so that ratios can pair systems round by round."""
+    from .vcut import with_measured_cut
+
+    scenario, cut = with_measured_cut(scenario)  # a no-op when the caller measured it (``__main__`` does)
     order = list(scenario.systems)
     skipped = {s: why for s in order if (why := skip_reason(s))}
     runs: dict[str, list[dict]] = {s: [] for s in order}
@@ -95,7 +98,10 @@ def measure(scenario: Scenario, *, progress=None) -> dict[str, dict]:
                 runs[system].append({**run, "round": round_index})
             if progress is not None:
                 progress.update(1)
-    return {system: merge(scenario, found) for system, found in runs.items()}
+    merged = {system: merge(scenario, found) for system, found in runs.items()}
+    if cut is not None:
+        merged["zbv-mem"]["cut"] = cut.as_dict()
+    return merged
 
 
 def merge(scenario: Scenario, runs: list[dict]) -> dict:

@@ -16,7 +16,7 @@ KNOWN_SYSTEMS = ("zbv", "zb", "bubbleless-1f1b", "1f1b", "roundrobin", "zero-inf
                  "zbv-mem", "zero-infinity-nvme")
 """Measured systems; names match the modelled registry (``1f1b`` is torch's Schedule1F1B, ours is
 ``bubbleless-1f1b``), ``ddp`` is plain data parallel (torch DistributedDataParallel); ``zbv-mem`` is
-zbv on the cut that gives each rank 1F1B's decoder layers (``ours.memory_cut``), not the even one;
+zbv on the fastest measured cut at torch 1F1B's activation memory (``vcut``), not the even one;
 ``zero-infinity-nvme`` is ZeRO-Infinity swapping to disk (``baselines.nvme_offload``, needs libaio)."""
 
 
@@ -79,6 +79,9 @@ class Scenario:
     """Longest-sequence search stops when the bracket is this narrow (tokens)."""
     timeout_s: float = 900.0
     """One system run (or probe) taking longer fails."""
+    zbv_mem_cut: tuple[int, ...] | None = None
+    """zbv-mem's layers per stage; None: measured when the run starts (``vcut``: the fastest V cut whose
+    ranks hold no more than torch 1F1B's busiest), then recorded here for every worker and the record."""
 
     def __post_init__(self) -> None:
         unknown = [s for s in self.systems if s not in KNOWN_SYSTEMS]
@@ -97,6 +100,12 @@ class Scenario:
         if (self.model.layers + 2) % self.workers:
             raise ValueError(f"model.layers + 2 = {self.model.layers + 2} must be a multiple of workers={self.workers}: "
                              "torch's Schedule1F1B cuts the layers evenly, one stage per rank")
+        if self.zbv_mem_cut is not None and (
+                len(self.zbv_mem_cut) != 2 * self.workers or sum(self.zbv_mem_cut) != self.model.layers + 2
+                or min(self.zbv_mem_cut) < 1):
+            raise ValueError(f"zbv_mem_cut {list(self.zbv_mem_cut)} must give {2 * self.workers} stages (two per "
+                             f"rank) of at least one layer, {self.model.layers + 2} layers in all; or leave it "
+                             "out to have it measured")
         if self.model.hidden % self.model.heads:
             raise ValueError(f"model.hidden={self.model.hidden} must be a multiple of model.heads={self.model.heads}")
 
@@ -112,6 +121,8 @@ class Scenario:
     def as_dict(self) -> dict:
         data = asdict(self)
         data["systems"] = list(self.systems)
+        if self.zbv_mem_cut is not None:  # YAML (the record's configuration) has lists, not tuples
+            data["zbv_mem_cut"] = list(self.zbv_mem_cut)
         return data
 
     def with_(self, **changes) -> Scenario:
@@ -131,6 +142,8 @@ def scenario_from_dict(data: dict) -> Scenario:
         raise ValueError(f"unknown model keys {sorted(set(model) - model_names)}; known: {', '.join(sorted(model_names))}")
     if "systems" in data:
         data["systems"] = tuple(data["systems"])
+    if data.get("zbv_mem_cut") is not None:
+        data["zbv_mem_cut"] = tuple(data["zbv_mem_cut"])
     return Scenario(model=TinyShape(**model), **data)
 
 
