@@ -18,8 +18,11 @@ per-stage costs; the step's compute is the simulated makespan. Assumptions:
 
 **Round-robin** (``roundrobin``): what ``RoundRobinPipeline(partition=<analytic profile>)`` plans:
 ``bubbleless_runtime.pool_plan.auto_groups`` cuts 1 .. 3 x GPUs backward groups (``cut(method=
-"roundrobin")``), prices each job with ``pool_plan.job_costs`` (LOAD = the group's weights over the host
-link, STORE = its gradients back), and keeps the cut whose simulated step is shortest. Assumptions:
+"roundrobin")``) and also asks the ``roundrobin`` generator for its own cut and dispatch from the
+per-layer costs (tapered groups, recompute ahead into waits, the pacing job's micro-batches split over
+GPUs), prices each job with ``pool_plan.job_costs`` (LOAD = the group's weights over the host link,
+STORE = its gradients back; a split job pays both on each of its GPUs), and keeps the plan whose
+simulated step is shortest among those that fit the GPU. Assumptions:
 
 - host link per GPU: the achieved PCIe rate, or the GPUs' share of half the host's DRAM bandwidth if
   that is less (every GPU streams weights at once; the other half is left to the CPU and activations).
@@ -48,12 +51,16 @@ link, STORE = its gradients back), and keeps the cut whose simulated step is sho
   on the build VM it hid all of a step shorter than the compute: bench/results/async_overlap.md). The
   thread's DRAM traffic is assumed to fit beside the GPUs' copies (``POOL_DMA_SHARE`` leaves half the
   bandwidth to the CPU, the profile's fused rate assumes half).
-- peak memory per GPU: the weights of two consecutive jobs on it (the current and the prefetched), plus
-  one micro-batch's saved activations of its largest gradient job (recomputed backward groups and the
-  fused last group keep one micro-batch), one loss chunk, and the hidden-state buffers in and out.
+- peak memory per GPU: ``pool_plan.plan_peak_bytes`` of the plan (walking each GPU's actions: the
+  weights of the jobs it holds at once, the current and the prefetched, a split job's on each of its
+  GPUs; the saved activations of every micro-batch recomputed and not yet backpropagated there, two or
+  more when the plan recomputes ahead or defers W), plus one loss chunk and the hidden-state buffers in
+  and out. ``auto_groups`` refuses every plan whose ``plan_peak_bytes`` is over the GPU's usable bytes
+  less those two, so the peak reported is the one the plan was chosen under.
   The longest sequence assumes the cut a long-sequence user would pick: one layer per group.
-- the cut: ``auto_groups`` (1 .. 3 x GPUs backward groups); where none of those fits (the 235B MoE's
-  5 GB layers on a 24 GB GPU), the smallest count past that range that fits and the next three, as a user would pass them.
+- the cut: ``auto_groups``; where none of its plans fits (the 235B MoE's 5 GB layers on a 24 GB GPU:
+  the generator's candidate cuts pack several layers per forward group), the smallest count of backward
+  groups past 3 x GPUs that fits and the next three, as a user would pass them.
 - host memory is assumed large enough for every weight, gradient and optimizer state.
 """
 
@@ -64,7 +71,7 @@ from dataclasses import replace
 from functools import lru_cache
 
 from bubbleless_partition import cut
-from bubbleless_schedules import Costs, available, generate, simulate
+from bubbleless_schedules import Costs, Kind, available, generate, simulate
 
 from .common import (
     LOSS_CHUNK_TOKENS,
@@ -204,12 +211,13 @@ def _pool_plan(point: Point):
 
 
 def _pool_plan_at(point: Point, microbatches: int):
-    from bubbleless_runtime.pool_plan import auto_groups  # torch comes with it: import on first use
+    from bubbleless_runtime.pool_plan import auto_groups, plan_peak_bytes  # torch with it: import on use
 
     bandwidth = pool_host_bandwidth(point)
     prof = profile_of(point, loss_chunk_tokens=LOSS_CHUNK_TOKENS).with_(host_bandwidth=bandwidth)
     tokens = point.seq_len * point.micro_batch
-    # Two consecutive groups' weights sit on a GPU, and one group's activations, the loss chunk and buffers.
+    # cut()'s cap is per group; a GPU holds two (auto_groups holds every plan to 2 x cap per GPU, counted by
+    # plan_peak_bytes), besides the loss chunk and the hidden-state buffers no layer owns.
     cap = (usable_bytes(point.hardware) - logits_bytes(point, tokens, LOSS_CHUNK_TOKENS)
            - 2 * hidden_bytes(point, tokens)) / 2
     try:
@@ -222,16 +230,10 @@ def _pool_plan_at(point: Point, microbatches: int):
     hand_off_ms = 2 * hidden_bytes(point, point.seq_len * point.micro_batch) / (bandwidth * 1e6)
     costs = replace(costs, comm=hand_off_ms)
     timeline = simulate(schedule, costs)
-    peaks = []
-    for actions in schedule.actions:
-        jobs = list(dict.fromkeys(a.stage for a in actions))
-        weights = [sum(prof.layers[i].param_bytes for i in groups.layers(j)) for j in jobs]
-        pairs = [a + b for a, b in zip(weights, weights[1:], strict=False)] + weights + [0]
-        kept = [sum(prof.layers[i].activation_bytes_per_token for i in groups.layers(j)) * tokens
-                for j in jobs if groups.role(j) != "forward"] + [0]
-        peaks.append(max(pairs) + max(kept))
-    peak = max(peaks) + logits_bytes(point, tokens, LOSS_CHUNK_TOKENS) + 2 * hidden_bytes(point, tokens)
-    loads = sum(costs.load) + sum(costs.store)
+    peak = (max(plan_peak_bytes(schedule, prof)) + logits_bytes(point, tokens, LOSS_CHUNK_TOKENS)
+            + 2 * hidden_bytes(point, tokens))
+    loads = sum(costs.load[a.stage] if a.kind is Kind.LOAD else costs.store[a.stage]
+                for _, _, a in schedule.all_actions() if a.kind in (Kind.LOAD, Kind.STORE))  # a split job's on each GPU
     last = groups.last_stage
     last_ms = (costs.forward[last] + costs.backward_input[last] + costs.backward_weight[last]) * microbatches
     work = sum(costs.backward_input) + sum(costs.backward_weight)  # zero for forward jobs

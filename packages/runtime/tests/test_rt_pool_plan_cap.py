@@ -7,7 +7,7 @@ import pytest
 
 from bubbleless_partition import LayerCost, Profile, cut
 from bubbleless_runtime import pool_plan
-from bubbleless_runtime.pool_plan_cap import plan_peak_bytes
+from bubbleless_runtime.pool_plan_cap import largest_fitting, most_layers_within, plan_peak_bytes
 from bubbleless_schedules import Schedule, generate, simulate
 from bubbleless_schedules.roundrobin_layout import pool_groups
 
@@ -148,3 +148,28 @@ def test_rt_pool_auto_plan_keeps_a_given_weight_limit_and_refuses_its_plan_over_
     assert schedule.actions == generated.actions
     _, schedule, _ = pool_plan.auto_groups(PROFILE, memory_cap=peak / 2 - 1, **{**PLAN, "options": options})
     assert max(_device_bytes(schedule, PROFILE)) <= peak - 2
+
+
+@pytest.mark.parametrize(("high", "no_cut_below", "fits_up_to", "found"), [
+    (20, 3, 9, 9),      # down 20, 19, 17, 13, 5 (fits): then the largest between 6 and 12
+    (20, 3, 20, 20),    # the first try fits
+    (20, 11, 14, 14),   # 13 fits on the way down
+    (20, 12, 11, None),  # no cut within 12 or less, and over the budget above it
+    (20, 6, 8, 8),      # 5 finds no cut: the largest between 6 and 12
+    (0, 1, 5, None),
+])
+def test_rt_pool_plan_largest_fitting_weight_limit(high, no_cut_below, fits_up_to, found):
+    tried = []
+
+    def plan_at(limit):
+        tried.append(limit)
+        return None if limit < no_cut_below else limit
+
+    assert largest_fitting(plan_at, lambda plan: plan <= fits_up_to, high) == found
+    assert len(tried) <= 8 and all(1 <= limit <= max(high, 1) for limit in tried)
+
+
+def test_rt_pool_plan_most_layers_whose_weights_alone_fit():
+    assert most_layers_within(SMALL, 7) == 3           # 1 + 2 + 4
+    assert most_layers_within(SMALL, 0.5) == 0
+    assert most_layers_within(SMALL.with_(state_bytes_per_param_byte=2.0), 7) == 2

@@ -73,10 +73,10 @@ def generated_within(profile: Profile, device_budget: float | None, *, layer_cos
                      num_microbatches: int, options: dict) -> Schedule | None:
     """``generate("roundrobin", layer_costs=...)`` whose plan keeps every device within ``device_budget``
     bytes (``plan_peak_bytes``), None when none found does. Without a budget, or with ``weight_limit`` in
-    ``options``, the generator's own plan (None if over the budget; its ValueErrors propagate). Otherwise with ``weight_limit`` the
-    most layers whose weights alone could fit (``most_layers_within``): the generator's own dispatch,
-    then each ``LEANER`` one the options leave free, the first that fits; when none does, the largest
-    smaller limit whose plan fits with the leanest dispatch (a bisection)."""
+    ``options``, the generator's own plan (None if over the budget; its ValueErrors propagate). Otherwise
+    with ``weight_limit`` the most layers whose weights alone could fit (``most_layers_within``): the
+    generator's own dispatch, then each ``LEANER`` one the options leave free, the first that fits; when
+    none does, the largest smaller limit whose plan fits with the leanest dispatch (``largest_fitting``)."""
 
     def plan(**extra) -> Schedule:
         return generate("roundrobin", num_ranks=num_devices, num_microbatches=num_microbatches,
@@ -105,16 +105,32 @@ def generated_within(profile: Profile, device_budget: float | None, *, layer_cos
         if fits(widest, profile, device_budget):
             return widest
         high = min(high, max(peak_weight_layers(widest)) - 1)
-    best, low = None, 1
-    while low <= high:  # the largest limit whose plan fits (fitting is nearly monotone in the limit)
-        limit = (low + high) // 2
-        schedule = attempt(weight_limit=limit, **variants[-1])
+    return largest_fitting(lambda limit: attempt(weight_limit=limit, **variants[-1]),
+                           lambda schedule: fits(schedule, profile, device_budget), high)
+
+
+def largest_fitting(plan_at, fitting, high: int):
+    """The plan of the largest weight limit <= ``high`` that is ``fitting`` (nearly monotone in the limit):
+    down from ``high`` in doubling steps (a plan just over the budget usually fits a layer or two lower),
+    then a bisection above where that stopped, below the last limit over the budget. ``plan_at`` gives
+    None when no cut keeps within a limit (nor, then, within a smaller one)."""
+    best, over, step, limit = None, high + 1, 1, high
+    while limit >= 1:
+        schedule = plan_at(limit)
         if schedule is None:
-            low = limit + 1
-        elif fits(schedule, profile, device_budget):
-            best, low = schedule, limit + 1
+            break
+        if fitting(schedule):
+            best = schedule
+            break
+        over, limit, step = limit, limit - step, 2 * step
+    low, top = max(limit, 0) + 1, over - 1
+    while low <= top:
+        middle = (low + top) // 2
+        schedule = plan_at(middle)
+        if schedule is None or fitting(schedule):
+            best, low = best if schedule is None else schedule, middle + 1
         else:
-            high = limit - 1
+            top = middle - 1
     return best
 
 
