@@ -11,14 +11,17 @@ A worker runs its device's actions of a round-robin schedule (``bubbleless_sched
   group's input goes to host as the G event.
 - ``R`` then ``B`` of a backward group: recompute the forward from the saved host activation, then
   backpropagate the gradient the job above left on the board.
+- ``I`` then ``W`` instead of ``B`` (a schedule made with ``split_backward``): the micro-batch's forward
+  with a graph (R, or the last group's F) defers its linear layers' weight gradients; I backpropagates
+  and hands the input gradient on, W (later, in a wait) computes the weight gradients (``pool_split``).
 - ``STORE j``: add the job's weight gradients into the host's fp32 accumulators and drop its weights
-  (a forward job's weights are dropped after its last F).
+  (a forward job's weights are dropped after its last F); every W of the job on the device ran before.
 
 What an action waits for and where its tensors come from is ``pool_routes`` (the layout's events);
 activations cross devices only through the board's host copies, so devices run as a wavefront.
 Every tensor placed on the device is counted against the device's ``MemoryBudget``: weights by
 ``DeviceWeights``, uploaded inputs and the activations autograd saves (through saved-tensor hooks,
-which are per thread) here.
+which are per thread) here, and what a deferred W keeps from its I until it runs (``pool_split``).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from .comm import as_tuple
 from .interpreter import Interpreter
 from .pool_board import Board
 from .pool_routes import Routes
+from .pool_split import Deferred
 
 
 def _carries_grad(t: torch.Tensor) -> bool:
@@ -91,6 +95,7 @@ class DeviceWorker:
         self.loaded: dict = {}  # job -> LoadedJob on this device
         self.graphs: dict = {}  # (job, mb) -> (roots, leaves, root grads or None) from R or the last F until B
         self.reserved: dict = {}  # (job, mb) -> activation bytes reserved on the budget
+        self.deferred: dict = {}  # (job, mb) -> Deferred: weight gradients queued by the forward, run by W
         jobs = list(dict.fromkeys(a.stage for a in self.actions))
         self.next_job = dict(zip(jobs, jobs[1:], strict=False))
         self.job_index = {job: i for i, job in enumerate(jobs)}
@@ -107,6 +112,9 @@ class DeviceWorker:
         """Drop everything a failed step left on the device, so the next step starts clean."""
         self.finished.clear()
         self.graphs.clear()
+        for deferred in self.deferred.values():
+            deferred.drop(self.budget)
+        self.deferred.clear()
         for nbytes in self.reserved.values():
             self.budget.free(nbytes)
         self.reserved.clear()
@@ -185,10 +193,14 @@ class DeviceWorker:
         return (leaves if isinstance(x, (tuple, list)) else leaves[0]), leaves
 
     def _graph_forward(self, action: Action, activation, modules, loaded, input_bytes: int):
-        """``modules`` over ``activation`` with a graph, the activations autograd saves counted on the budget."""
+        """``modules`` over ``activation`` with a graph, the activations autograd saves counted on the budget.
+        A micro-batch whose backward is split runs them deferring its weight gradients (``pool_split``)."""
         key, seen = (action.stage, action.microbatch), set()
         self.reserved[key] = input_bytes
         weights = {p.untyped_storage().data_ptr() for module in loaded.modules for p in module.parameters()}
+        deferred = None
+        if key in self.routes.split:
+            deferred = self.deferred.setdefault(key, Deferred())
 
         def pack(t):
             storage = t.untyped_storage()
@@ -197,9 +209,12 @@ class DeviceWorker:
                 seen.add(ptr)
                 self.budget.reserve(storage.nbytes(), f"the activations {action} saves for its backward")
                 self.reserved[key] += storage.nbytes()
+                if deferred is not None:
+                    deferred.note(t)
             return t
 
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+                deferred.deferral() if deferred is not None else contextlib.nullcontext():
             for module in modules:
                 activation = module(activation)
         return activation
@@ -289,6 +304,7 @@ def recompute(worker: DeviceWorker, action: Action, state: WorkerState) -> None:
 
 
 def backward(worker: DeviceWorker, action: Action, state: WorkerState) -> None:
+    """B, and I of a split backward (its forward deferred the linear layers' weight gradients)."""
     j, m = action.stage, action.microbatch
     payloads = worker._wait(action, state)
     roots, leaves, grads = worker.graphs.pop((j, m))
@@ -302,7 +318,30 @@ def backward(worker: DeviceWorker, action: Action, state: WorkerState) -> None:
         worker._finish_backward(action, state, roots, grads, leaves)
 
 
+def backward_input(worker: DeviceWorker, action: Action, state: WorkerState) -> None:
+    """I: B without the deferred weight gradients; what they keep stays counted on the budget until W."""
+    backward(worker, action, state)  # returns with the graph and its tensors dropped: only W's are alive
+    worker.deferred[(action.stage, action.microbatch)].hold(worker.budget, f"the tensors {action} keeps for W")
+
+
+def backward_weight(worker: DeviceWorker, action: Action, state: WorkerState) -> None:
+    """W: the weight gradients micro-batch m's forward deferred, computed after its I on this device."""
+    worker._wait(action, state)
+    key = (action.stage, action.microbatch)
+    if key not in worker.deferred or not worker.deferred[key].input_done:
+        raise ValueError(f"{worker.name}: {action} runs without its input half I of job {action.stage} "
+                         f"micro-batch {action.microbatch} before it on this device; put the I first")
+    with stream_context(worker.streams.compute):
+        worker.deferred[key].run(worker.budget)
+    del worker.deferred[key]  # after it ran: a W that fails leaves its bytes for ``reset`` to give back
+    worker._publish(action, state)
+
+
 def store(worker: DeviceWorker, action: Action, state: WorkerState) -> None:
+    pending = sorted(m for j, m in worker.deferred if j == action.stage)
+    if pending:
+        raise ValueError(f"{worker.name}: {action} would store job {action.stage}'s gradients before the W of "
+                         f"micro-batches {pending}; a job's STORE goes after all its W on the device")
     worker._wait(action, state)
     loaded = worker.loaded.pop(action.stage)
     worker.weights.store_grads(loaded).synchronize()
@@ -314,7 +353,8 @@ def store(worker: DeviceWorker, action: Action, state: WorkerState) -> None:
 
 POOL = Interpreter(
     name="the device-pool executor",
-    handlers={Kind.LOAD: load, Kind.F: forward, Kind.R: recompute, Kind.B: backward, Kind.STORE: store},
+    handlers={Kind.LOAD: load, Kind.F: forward, Kind.R: recompute, Kind.B: backward, Kind.I: backward_input,
+              Kind.W: backward_weight, Kind.STORE: store},
 )
 """The pool back end's handler table (``POOL.with_handler(kind, fn)`` plugs in another kind)."""
 
