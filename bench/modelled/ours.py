@@ -198,8 +198,8 @@ def pool_step_sizes(point: Point) -> list[int]:
 @lru_cache(maxsize=256)
 def _pool_plan(point: Point):
     """The fastest of ``pool_step_sizes``: (groups, makespan of the whole batch, peak bytes, GB/s, M, LOAD +
-    STORE time, the fused last group's compute alone, all jobs' work and transfers spread evenly over the
-    GPUs), times in ms over the whole batch."""
+    STORE time, the fused last group's compute alone on its busiest GPU, all jobs' work and transfers
+    spread evenly over the GPUs), times in ms over the whole batch."""
     best = None
     for size in pool_step_sizes(point):
         plan = _pool_plan_at(point, size)
@@ -235,7 +235,9 @@ def _pool_plan_at(point: Point, microbatches: int):
     loads = sum(costs.load[a.stage] if a.kind is Kind.LOAD else costs.store[a.stage]
                 for _, _, a in schedule.all_actions() if a.kind in (Kind.LOAD, Kind.STORE))  # a split job's on each GPU
     last = groups.last_stage
-    last_ms = (costs.forward[last] + costs.backward_input[last] + costs.backward_weight[last]) * microbatches
+    busiest = max(len({a.microbatch for a in row if a.stage == last and a.microbatch is not None})
+                  for row in schedule.actions)  # the fused group's micro-batches on its busiest GPU (all unsplit)
+    last_ms = (costs.forward[last] + costs.backward_input[last] + costs.backward_weight[last]) * busiest
     work = sum(costs.backward_input) + sum(costs.backward_weight)  # zero for forward jobs
     work += sum(costs.recompute[j] if groups.role(j) == "backward" else costs.forward[j]
                 for j in range(groups.num_stages))  # backward jobs run R, the others F
