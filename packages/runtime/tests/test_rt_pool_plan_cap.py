@@ -129,6 +129,26 @@ def test_rt_pool_auto_plan_under_tight_caps_never_returns_a_plan_over_the_cap():
     assert binding >= 10  # the generator's unconstrained plan is over most of these caps
 
 
+def test_rt_pool_with_a_memory_budget_runs_the_generators_split_plan_with_the_unpipelined_gradients():
+    """``RoundRobinPipeline(memory_budget=...)`` plans with a cap; the generator's plan (the fused group
+    split over both devices, which no DP cut does) runs and gives the unpipelined model's gradients."""
+    from bubbleless_runtime._testing import reference_grads, relative_error, tiny_batch, tiny_loss, tiny_model
+    from bubbleless_runtime.pool import RoundRobinPipeline
+
+    model, ref = tiny_model(8), tiny_model(8)
+    inputs, targets = tiny_batch(8)
+    pipe = RoundRobinPipeline(model, devices=["cpu", "cpu"], num_microbatches=4, loss_fn=tiny_loss,
+                              partition=PROFILE, memory_budget=1e9, timeout=60)
+    last = pool_groups(pipe.schedule).last_stage
+    assert all(any(a.stage == last for a in row) for row in pipe.schedule.actions), pipe.schedule.to_text()
+    loss = pipe.step(inputs, targets)
+    want_loss, want = reference_grads(ref, inputs, targets, 4)
+    got = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert set(got) == set(want)
+    assert max(relative_error(got[n], want[n]) for n in want) <= 1e-5
+    assert abs(float(loss) - float(want_loss)) <= 1e-5 * abs(float(want_loss))
+
+
 def test_rt_pool_auto_plan_with_a_cap_nothing_fits_says_what_to_change():
     head = PROFILE.layer_memory(PROFILE.num_layers - 1)  # the head's weights and one micro-batch of it
     with pytest.raises(ValueError, match="smallest cap that fits"):  # cut()'s rule (a group within the cap)
