@@ -218,8 +218,8 @@ def test_rt_pool_auto_partition_profiles_and_matches_gradients():
     assert pipe.profile is not None and pipe.groups.num_layers == 9
     loss = pipe.step(inputs, targets)
     _assert_same(model, ref, inputs, targets, 4, loss)
-    timeline = pipe.last_timeline
-    assert {span.action.kind.value for span in timeline.spans} >= {"LOAD", "F", "B"}
+    kinds = {span.action.kind.value for span in pipe.last_timeline.spans}
+    assert kinds >= {"LOAD", "F"} and ("B" in kinds or {"I", "W"} <= kinds)  # the generator picks B or I/W
 
 
 def test_rt_pool_prefetches_the_next_job_and_never_holds_three():

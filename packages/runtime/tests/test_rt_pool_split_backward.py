@@ -197,3 +197,19 @@ def test_rt_pool_split_backward_hf_lora_two_devices():
     assert all(p.grad is None for p in piped.model.parameters() if not p.requires_grad)
     assert [w.budget.used for w in pipe.workers] == [0, 0]
 
+
+def test_rt_pool_auto_plan_runs_the_split_the_generator_chose():
+    """``partition=`` a profile (as ``"auto"`` measures one): the layer-cost generator, left at its default,
+    splits the backward where it simulates faster; the pool plans that schedule and runs it exactly."""
+    from bubbleless_partition import LayerCost, Profile
+
+    head = LayerCost(name="head", forward=3.0, input_grad=3.0, weight_grad=3.0)
+    body = tuple(LayerCost(name=f"layer{i}", forward=1.0, input_grad=1.3, weight_grad=1.3) for i in range(7))
+    model, ref = tiny_model(8), tiny_model(8)
+    pipe = RoundRobinPipeline(model, devices=CPU2, num_microbatches=M, loss_fn=tiny_loss,
+                              partition=Profile(layers=body + (head,)), timeout=60)
+    assert {Kind.I, Kind.W} <= {a.kind for _, _, a in pipe.schedule.all_actions()}, pipe.schedule.render()
+    inputs, targets = tiny_batch(8)
+    loss = pipe.step(inputs, targets)
+    _assert_unpipelined(model, ref, inputs, targets, loss)
+    assert pipe.predicted_timeline().makespan > 0

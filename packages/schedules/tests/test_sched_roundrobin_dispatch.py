@@ -114,18 +114,37 @@ def test_round_size_layout_refuses_a_round_split_over_devices():
         validate(result.schedule.replace(actions=rows))
 
 
-def test_split_backward_emits_i_and_w_only_when_asked_and_w_fills_waits():
+def _kinds(schedule) -> set[str]:
+    return {a.kind.value for _, _, a in schedule.all_actions()}
+
+
+def test_split_backward_emits_i_and_w_when_asked_and_w_fills_waits():
     layer_costs = profile(12, 3.0, 2.6)
-    plain = generate("roundrobin", num_ranks=4, num_microbatches=8, layer_costs=layer_costs)
+    plain = generate("roundrobin", num_ranks=4, num_microbatches=8, layer_costs=layer_costs, split_backward=False)
     split = generate("roundrobin", num_ranks=4, num_microbatches=8, layer_costs=layer_costs, split_backward=True)
-    kinds = {a.kind.value for _, _, a in split.all_actions()}
-    assert {"I", "W"} <= kinds and "B" not in kinds
-    assert not {"I", "W"} & {a.kind.value for _, _, a in plain.all_actions()}  # the pool's default has no I/W
+    assert {"I", "W"} <= _kinds(split) and "B" not in _kinds(split)
+    assert not {"I", "W"} & _kinds(plain)  # False opts out
     spans = [simulate(s, job_costs(layer_costs, pool_groups(s))).makespan for s in (plain, split)]
     assert spans[1] < spans[0]  # W off the critical path shortens this profile's drain
     row = next(r for r in split.actions if any(a.kind.value == "W" for a in r))
     first_w = next(i for i, a in enumerate(row) if a.kind.value == "W")
     assert any(a.kind.value == "I" for a in row[first_w + 1:])  # some W runs before a later I: deferred
+
+
+def test_split_backward_default_keeps_the_faster_of_b_and_i_w():
+    """Left at its default, the split is chosen where it simulates faster than B (this profile's drain),
+    and B where it does not: with no weight-gradient work, W fills nothing and B wins the tie."""
+    layer_costs = profile(12, 3.0, 2.6)
+    runs = {option: generate("roundrobin", num_ranks=4, num_microbatches=8, layer_costs=layer_costs,
+                             split_backward=option) for option in (None, False)}
+    spans = {option: simulate(s, job_costs(layer_costs, pool_groups(s))).makespan for option, s in runs.items()}
+    assert {"I", "W"} <= _kinds(runs[None]) and "B" not in _kinds(runs[None])
+    assert spans[None] < spans[False], spans
+    assert pool_groups(runs[None]) == pool_groups(runs[False])  # B's winning cut, its backward split
+    no_weight_work = Costs([1.0] * 12 + [3.0], [2.6] * 12 + [3.0], [0.0] * 13, 0.1)
+    default = generate("roundrobin", num_ranks=4, num_microbatches=8, layer_costs=no_weight_work)
+    assert "B" in _kinds(default) and not {"I", "W"} & _kinds(default)
+    assert not {"I", "W"} & _kinds(generate("roundrobin", num_ranks=4, num_microbatches=8))  # no layer costs: B
 
 
 def test_load_stream_overlaps_uploads_with_the_previous_jobs_compute():

@@ -38,7 +38,9 @@ Options (all optional):
   candidate cuts holds, so a larger fused group split over devices (less recompute, one upload of it
   per device) is tried only within it; ``weight_limit=num_layers`` lets it grow as the simulator likes.
 - ``split_backward``: with ``layer_costs``, run each gradient job's B as I then W, W deferred into the
-  device's waits (off by default: the pool executor has no I/W handlers yet; simulation only).
+  device's waits (zero-bubble's idea inside the pool). Default: whichever of I/W and B the simulator
+  runs faster for the chosen plan (``roundrobin_search``; B on a tie); True forces I/W, False keeps B.
+  The pool executor runs both (``bubbleless_runtime.pool_split``).
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ def roundrobin(
     weight_transfers: bool = True,
     layer_costs: Costs | None = None,
     recompute_ahead: int | None = None,
-    split_backward: bool = False,
+    split_backward: bool | None = None,
     weight_limit: int | None = None,
 ) -> Schedule:
     """Stage jobs over all micro-batches, dealt round-robin to ``num_ranks`` pool devices."""
@@ -110,7 +112,7 @@ def _from_layer_costs(layer_costs, *, num_ranks, num_microbatches, memory_limit,
                           last_layers=last_layers, forward_stages=forward_stages, backward_stages=backward_stages)
     return search(layer_costs, num_devices=num_ranks, num_microbatches=num_microbatches, memory_limit=memory_limit,
                   pinned=pinned, ahead=recompute_ahead, weight_transfers=weight_transfers,
-                  split_backward=bool(split_backward), weight_limit=weight_limit)
+                  split_backward=None if split_backward is None else bool(split_backward), weight_limit=weight_limit)
 
 
 _JOB_ACTIONS = {"forward": (Kind.F,), "last": (Kind.F, Kind.B), "backward": (Kind.R, Kind.B)}

@@ -16,6 +16,18 @@ when a device would finish a job before one it started earlier (the pool release
 order). The best ``FINALISTS`` and the best unsplit plan, weight transfers inserted, are simulated under
 the per-job costs the layer costs sum to (LOAD/STORE included), and the fastest within ``memory_limit``
 wins (the first on a tie, so the result is deterministic).
+
+Split backward (``split_backward``): True searches with every gradient job's B dispatched as I and W
+(``roundrobin_dispatch``), False with B. None (the generator's default) searches with B, then dispatches
+the winner's cut and job split with I and W under every look-ahead; the list scheduler's best of those
+that release jobs in the order they start (``_nested``: W ends a job later, so the next job's early
+recompute can outlive it) is simulated and replaces the B plan only when it runs faster (B on a tie).
+So the default is never slower than B and costs a few dispatches, not a second search (two whole
+searches take ~2 s per call at the sizes of ``bench.schedules.roundrobin_table``; two at half budget
+each would fit but lose the guarantee, and gained 1-3% on four of its ten rows, lost 1% on two). A
+search under I/W alone can be far worse than B: its own best unsplit plan sets a weight limit that may
+exclude the large fused group split over devices that B finds. I and W count as two actions against
+``SEARCH_BUDGET``, so a split search dispatches about as much as a B one.
 """
 
 from __future__ import annotations
@@ -26,7 +38,7 @@ from ..costs import Costs
 from ..lowering import add_weight_transfers
 from ..roundrobin_layout import PoolGroups, peak_weight_layers
 from ..schedule import Schedule
-from ..simulate import peak_memory, simulate
+from ..simulate import peak_memory, simulated_makespan
 from . import roundrobin_refine
 from .roundrobin_cut import candidate_cuts, job_costs, with_last
 from .roundrobin_dispatch import SPLITS, JobTimes, list_dispatch, split_parts
@@ -59,23 +71,26 @@ def dispatched(groups: PoolGroups, layer_costs: Costs, *, num_devices: int, num_
 
 def search(layer_costs: Costs, *, num_devices: int, num_microbatches: int, memory_limit: float | None,
            pinned: PoolGroups | None = None, ahead: int | None = None, weight_transfers: bool = True,
-           split_backward: bool = False, weight_limit: int | None = None) -> Schedule:
+           split_backward: bool | None = False, weight_limit: int | None = None) -> Schedule:
     """The fastest (cut, look-ahead) within ``memory_limit`` (see the module docstring): every cut with
     the first look-ahead, the ``FINALISTS`` best cuts also with the others and with the next job's
-recompute filling the current job's waits (``next_ahead``), ranked by the list
-    scheduler's own makespan; the best ``FINALISTS`` of all are judged by the simulator, with transfers."""
+    recompute filling the current job's waits (``next_ahead``), ranked by the list scheduler's own
+    makespan; the best ``FINALISTS`` of all are judged by the simulator, with transfers.
+    ``split_backward``: True I/W, False B, None the faster of the two for the winner (module docstring)."""
     cuts = [pinned] if pinned is not None else candidate_cuts(layer_costs)
     aheads = AHEADS if ahead is None else (ahead,)
     ranked, smallest_peak, spent = [], None, 0
+    searched = bool(split_backward)  # None: search with B, then try I/W on the winner (at the end)
     weight_cap = weight_limit  # layers of weights a device may hold at once (two consecutive jobs)
 
-    def consider(order: int, look: int, next_ahead: int = 0, split_job: tuple | None = None) -> float | None:
+    def build(order: int, look: int, next_ahead: int, split_job: tuple | None, split: bool) -> tuple | None:
+        """A ranked entry (makespan, order, variant, schedule, costs), or None outside the limits."""
         nonlocal smallest_peak, spent
         spent += actions(cuts[order])
         schedule, costs, makespan = dispatched(cuts[order], layer_costs, num_devices=num_devices,
                                                num_microbatches=num_microbatches, ahead=look,
-                                               weight_transfers=False, split_backward=split_backward,
-                                               next_ahead=next_ahead, split_job=split_job)
+                                               weight_transfers=False, split_backward=split,
+                                               next_ahead=next_ahead, split_job=split_job or None)
         if split_job and _nested(schedule) or weight_cap is not None and max(peak_weight_layers(schedule)) > weight_cap:
             return None
         if memory_limit is not None:
@@ -83,11 +98,17 @@ recompute filling the current job's waits (``next_ahead``), ranked by the list
             smallest_peak = peak if smallest_peak is None else min(smallest_peak, peak)
             if peak > memory_limit + 1e-9:
                 return None
-        ranked.append((makespan, order, (look, next_ahead, split_job or ()), schedule, costs))
-        return makespan
+        return makespan, order, (look, next_ahead, split_job or ()), schedule, costs
+
+    def consider(order: int, look: int, next_ahead: int = 0, split_job: tuple | None = None) -> float | None:
+        entry = build(order, look, next_ahead, split_job, searched)
+        if entry is None:
+            return None
+        ranked.append(entry)
+        return entry[0]
 
     def actions(cut: PoolGroups) -> int:
-        return 2 * cut.num_stages * num_microbatches
+        return (3 if searched else 2) * cut.num_stages * num_microbatches  # I and W are two actions
 
     for order in range(len(cuts)):
         if order and spent + actions(cuts[order]) > SEARCH_BUDGET // 2:
@@ -142,9 +163,26 @@ recompute filling the current job's waits (``next_ahead``), ranked by the list
     chosen = ranked[:FINALISTS]  # the simulator (LOAD/STORE costs included) judges them and the best unsplit
     if all(r is not unsplit for r in chosen):
         chosen.append(unsplit)
-    finalists = [add_weight_transfers(r[3]) if weight_transfers else r[3] for r in chosen]
-    judged = [(simulate(s, r[4]).makespan, i) for i, (s, r) in enumerate(zip(finalists, chosen, strict=True))]
-    return finalists[min(judged)[1]]
+    winner, schedule, makespan = _fastest(chosen, weight_transfers)
+    if split_backward is None:  # the winner's cut and job split with I and W under every look-ahead; the
+        _, order, (_, _, split_job) = winner[:3]  # simulator judges the list scheduler's best of them
+        looks = [(a, n) for a in aheads for n in ((0, num_microbatches) if ahead is None else (0,))]
+        split = [e for e in (build(order, a, n, split_job, True) for a, n in looks)
+                 if e is not None and not _nested(e[3])]  # W ends a job late: keep start-order releases
+        if split:
+            _, split_schedule, split_makespan = _fastest([min(split, key=_rank)], weight_transfers)
+            if split_makespan < makespan - 1e-9:  # B on a tie
+                return split_schedule
+    return schedule
+
+
+def _fastest(entries: list, weight_transfers: bool) -> tuple:
+    """(entry, schedule, makespan) of the entry the simulator runs fastest, weight transfers inserted
+    (the first on a tie, so the result is deterministic)."""
+    schedules = [add_weight_transfers(e[3]) if weight_transfers else e[3] for e in entries]
+    makespan, index = min((simulated_makespan(s, e[4]), i) for i, (s, e) in enumerate(zip(schedules, entries,
+                                                                                             strict=True)))
+    return entries[index], schedules[index], makespan
 
 
 GROWN_LAST = (0.125, 0.2, 0.3, 0.4, 0.5, 0.65, 0.8)
