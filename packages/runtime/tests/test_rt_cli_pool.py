@@ -205,6 +205,7 @@ def test_the_roundrobin_example_runs_as_shipped(tmp_path):
     threads = {e["tid"]: e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
     assert threads == {d: f"device {d}" for d in range(4)}
     spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
-    assert {"F", "R", "B", "LOAD", "STORE"} <= {e["cat"] for e in spans}
+    kinds = {e["cat"] for e in spans}
+    assert {"F", "R", "LOAD", "STORE"} <= kinds and ("B" in kinds or {"I", "W"} <= kinds)  # the plan picks B or I/W
     assert trace["otherData"]["time_unit"] == "s"
     assert 1e3 < max(e["ts"] + e["dur"] for e in spans) < 60e6  # a real step, in microseconds

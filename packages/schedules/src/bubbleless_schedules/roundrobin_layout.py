@@ -32,8 +32,9 @@ LOAD ``load`` (uploading the job's weights) and STORE ``store`` (downloading its
 **Split backward.** A gradient job's B may be split into I (input gradient: produces the G event the
 job below waits for) and W (weight gradient, on the same device after the I): W is off the critical
 path and may fill a wait (zero-bubble's idea inside the pool). I frees ``input_grad_frees`` of the
-micro-batch's activations, W the rest. The pool executor has no I/W handlers: ``roundrobin`` emits
-them only with ``split_backward=True``.
+micro-batch's activations, W the rest. The pool executor runs them (``bubbleless_runtime.pool_split``);
+``roundrobin`` given ``layer_costs`` emits them where the simulator says they beat B for its plan
+(``split_backward=True`` forces them, ``False`` never).
 
 **Split jobs.** A job's micro-batches may be split over several devices (each micro-batch's actions on
 one device): each of those devices LOADs the job's weights and, for a gradient job, STOREs its partial
