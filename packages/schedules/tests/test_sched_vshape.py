@@ -91,6 +91,31 @@ def test_zbv_script_counts():
                 assert tokens.count("W") <= tokens.count("I0") + tokens.count("I1")
 
 
+def test_cool_down_keeps_each_rank_order_up_to_its_last_admissions():
+    from bubbleless_schedules.generators.vshape import search_v_schedule
+    from bubbleless_schedules.generators.vshape_cooldown import recooled, scripts_before_last
+
+    p, m, cap = 8, 16, 10.0
+    best = search_v_schedule(p, m, Costs.unit(), cap)
+    for depth in (1, 2, 4):
+        for row, script in zip(best.actions, scripts_before_last(p, m, best.actions, depth), strict=True):
+            assert script.count("F0") == m - depth  # cut right before the first-chunk forward of m - depth
+            assert len(script) < len(row)
+    for result in recooled(p, m, Costs.unit(), cap, 0.0, best, (1, 2, 4)):
+        assert result.peak_chunks <= cap
+        assert sorted(map(str, sum(result.actions, ()))) == sorted(map(str, sum(best.actions, ())))
+
+
+def test_admitting_up_to_the_cap_may_stall_and_says_so():
+    """Without the reserved room the list scheduler can deadlock (rank 0 admits two micro-batches into a
+    cap of two chunks, so neither can take its second chunk): the try returns None instead of raising."""
+    from bubbleless_schedules.generators.vshape_greedy import Policy, v_list_schedule
+
+    greedy = Policy(order=("F0", "F1", "I", "W"), reserve=False)
+    assert v_list_schedule(2, 4, Costs.unit(), 2.0, greedy) is None
+    assert v_list_schedule(2, 4, Costs.unit(), 2.0, Policy(order=("F0", "F1", "I", "W"))) is not None
+
+
 KNOWN_GAPS: dict[tuple, float] = {}
 """Cases still slower than the reference, with how much (none: comm-heavy v-min p=8 m=24 at 4 M_B, where
 the block search's reorder of a W naming its chunk had won by 0.03%, is 2379.3 vs 2382.5 since the V

@@ -54,6 +54,12 @@ class Policy:
     lookahead_cap: float | None = None
     """Chunk activations a forward run under ``lookahead`` may not exceed (None: the memory cap); the
     script's own peak keeps the reordered block's lifespans."""
+    reserve: bool = True
+    """Keep the room of one activation when admitting a micro-batch (the rule that rules out deadlock;
+    see the module). False admits up to the cap, as an optimal cool-down does; a try may then stall,
+    and returns None."""
+    oldest_grad: bool = False
+    """Between two ready input-gradients, run the older micro-batch's (False: the one that arrived first)."""
 
 
 @dataclass(frozen=True)
@@ -141,6 +147,7 @@ def v_list_schedule(
     plain_order, w_first_order = policy.order, _w_first(policy.order)
     w_first_at = policy.w_first_when_held - 1e-9
     patience, reserve_all, fill_w = policy.patience, policy.reserve_all, policy.fill_w
+    reserve_one, oldest_grad = (1 if policy.reserve else 0), policy.oldest_grad
     lookahead = max(1, policy.lookahead)
     room_ahead = room if policy.lookahead_cap is None else min(room, policy.lookahead_cap + 1e-9)
     table = _action_table(n, m)
@@ -153,7 +160,7 @@ def v_list_schedule(
     makespan = 0.0
     while remaining:
         if not events:
-            if any(scripts):
+            if any(scripts) or not reserve_one:
                 return None
             raise AssertionError("V list scheduler stalled; the reservation rule should prevent this")
         now, r = pop(events)
@@ -176,14 +183,19 @@ def v_list_schedule(
                     continue
                 t = max(t, arrived + comm_up[s])
             cand[key] = t
-            if "I" not in cand or t < cand["I"] - eps:
+            if "I" not in cand:
+                cand["I"], i_stage = t, s
+            elif oldest_grad and t <= now + eps and cand["I"] <= now + eps:
+                if k < next_i[i_stage]:  # both ready: the older micro-batch's
+                    cand["I"], i_stage = t, s
+            elif t < cand["I"] - eps:
                 cand["I"], i_stage = t, s
         script = scripts[r]
         k = next_f[s1]  # s1 > 0: the second chunk's input always comes from stage s1-1
         if k < m and f_done[s1 - 1][k] >= 0 and (script or held[r] + 1 <= room):
             cand["F1"] = f_done[s1 - 1][k] + comm_down[s1]
         k = next_f[s0]
-        reserve = 1 + admitted_not_up[r] if reserve_all else 1
+        reserve = 1 + admitted_not_up[r] if reserve_all else reserve_one
         if k < m and (script or held[r] + 1 + reserve <= room):
             if s0 == 0:
                 cand["F0"] = 0.0
