@@ -13,8 +13,8 @@
   The ``roundrobin`` generator given the per-layer costs (``layer_costs=``: it picks a cut and a
   dispatch of its own, tapered groups, recompute ahead into waits, jobs split over devices) is one
   more candidate, kept when the simulator says it is faster. Under a memory cap every candidate is held
-  to the bytes a device may hold (``pool_plan_cap``); the generator's plan with the largest
-  ``weight_limit`` that fits is the one tried.
+  to the bytes a device may hold (``pool_plan_cap``); the generator's plans tried are those of the
+  largest ``weight_limit`` that fits, with its own dispatch or leaner ones.
 """
 
 from __future__ import annotations
@@ -140,9 +140,8 @@ def auto_groups(profile: Profile, *, num_devices: int, num_microbatches: int, na
         if best is None or makespan < best[0] - 1e-12:
             best = (makespan, groups, schedule, costs)
     if name == "roundrobin" and not _CUT_OPTIONS & set(options):
-        schedule = generated_within(profile, device_budget, layer_costs=layer_costs_of(profile, bandwidth=bandwidth),
-                                    num_devices=num_devices, num_microbatches=num_microbatches, options=options)
-        if schedule is not None:
+        for schedule in generated_within(profile, device_budget, layer_costs=layer_costs_of(profile, bandwidth=bandwidth),
+                                         num_devices=num_devices, num_microbatches=num_microbatches, options=options):
             groups = pool_groups(schedule)
             costs = job_costs(profile, groups, bandwidth=bandwidth)
             makespan = simulate(schedule, costs).makespan

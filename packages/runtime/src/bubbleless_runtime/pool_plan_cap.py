@@ -63,20 +63,21 @@ def fits(schedule: Schedule, profile: Profile, device_budget: float | None) -> b
     return device_budget is None or max(plan_peak_bytes(schedule, profile)) <= device_budget * (1 + 1e-12)
 
 
-LEANER = ({"split_backward": False}, {"split_backward": False, "recompute_ahead": 1})
-"""Dispatch options that hold fewer activations, tried in turn when the generator's own choice is over
-the budget: no W deferred past its I (all of a job's W may wait to its end), then one micro-batch
-recomputed ahead only (no next job's recompute in the current job's waits)."""
+LEANER = ({"recompute_ahead": 1}, {"split_backward": False}, {"split_backward": False, "recompute_ahead": 1})
+"""Dispatch options that hold fewer activations, tried when the generator's own choice is over the
+budget: one micro-batch recomputed ahead only (not two, nor the next job's in the current job's waits),
+no W deferred past its I, and both."""
 
 
 def generated_within(profile: Profile, device_budget: float | None, *, layer_costs, num_devices: int,
-                     num_microbatches: int, options: dict) -> Schedule | None:
-    """``generate("roundrobin", layer_costs=...)`` whose plan keeps every device within ``device_budget``
-    bytes (``plan_peak_bytes``), None when none found does. Without a budget, or with ``weight_limit`` in
-    ``options``, the generator's own plan (None if over the budget; its ValueErrors propagate). Otherwise
-    with ``weight_limit`` the most layers whose weights alone could fit (``most_layers_within``): the
-    generator's own dispatch, then each ``LEANER`` one the options leave free, the first that fits; when
-    none does, the largest smaller limit whose plan fits with the leanest dispatch (``largest_fitting``)."""
+                     num_microbatches: int, options: dict) -> list[Schedule]:
+    """Plans of ``generate("roundrobin", layer_costs=...)`` that keep every device within ``device_budget``
+    bytes (``plan_peak_bytes``); the caller simulates them and keeps the fastest. Without a budget, or
+    with ``weight_limit`` in ``options``, the generator's own plan (none if over the budget; its
+    ValueErrors propagate). Otherwise with ``weight_limit`` the most layers whose weights alone could fit
+    (``most_layers_within``): the generator's own dispatch if it fits, else each ``LEANER`` one the
+    options leave free that fits; when none does, the largest smaller limit whose plan fits with the
+    leanest dispatch (``largest_fitting``)."""
 
     def plan(**extra) -> Schedule:
         return generate("roundrobin", num_ranks=num_devices, num_microbatches=num_microbatches,
@@ -90,23 +91,32 @@ def generated_within(profile: Profile, device_budget: float | None, *, layer_cos
 
     if device_budget is None or "weight_limit" in options:  # the options' own errors are the caller's
         schedule = plan()
-        return schedule if fits(schedule, profile, device_budget) else None
+        return [schedule] if fits(schedule, profile, device_budget) else []
     most = most_layers_within(profile, device_budget)
     if most < 1:
-        return None
+        return []
     variants = [{}] + [lean for lean in LEANER if not set(lean) & set(options)]
-    high, widest = most - 1, None
+    high, tried, fitting = most - 1, {}, []
     for variant in variants:
-        if variant == {"split_backward": False} and widest is not None and not _splits_backward(widest):
-            continue  # the generator's own plan already runs B whole: it would come again
+        whole = {k: v for k, v in variant.items() if k != "split_backward"}
+        same = tried.get(tuple(sorted(whole.items())))
+        if "split_backward" in variant and same is not None and not _splits_backward(same):
+            continue  # that dispatch already runs B whole: the generator would give the same plan
         widest = attempt(weight_limit=most, **variant)
         if widest is None:
-            return None
+            return []
+        tried[tuple(sorted(variant.items()))] = widest
         if fits(widest, profile, device_budget):
-            return widest
-        high = min(high, max(peak_weight_layers(widest)) - 1)
-    return largest_fitting(lambda limit: attempt(weight_limit=limit, **variants[-1]),
-                           lambda schedule: fits(schedule, profile, device_budget), high)
+            fitting.append(widest)
+            if not variant:
+                break  # the generator's own choice fits: the leaner ones are no faster by its judgement
+        else:
+            high = min(high, max(peak_weight_layers(widest)) - 1)
+    if fitting:
+        return fitting
+    found = largest_fitting(lambda limit: attempt(weight_limit=limit, **variants[-1]),
+                            lambda schedule: fits(schedule, profile, device_budget), high)
+    return [] if found is None else [found]
 
 
 def largest_fitting(plan_at, fitting, high: int):
