@@ -58,8 +58,6 @@ class Policy:
     """Keep the room of one activation when admitting a micro-batch (the rule that rules out deadlock;
     see the module). False admits up to the cap, as an optimal cool-down does; a try may then stall,
     and returns None."""
-    oldest_grad: bool = False
-    """Between two ready input-gradients, run the older micro-batch's (False: the one that arrived first)."""
 
 
 @dataclass(frozen=True)
@@ -147,7 +145,7 @@ def v_list_schedule(
     plain_order, w_first_order = policy.order, _w_first(policy.order)
     w_first_at = policy.w_first_when_held - 1e-9
     patience, reserve_all, fill_w = policy.patience, policy.reserve_all, policy.fill_w
-    reserve_one, oldest_grad = (1 if policy.reserve else 0), policy.oldest_grad
+    reserve_one = 1 if policy.reserve else 0
     lookahead = max(1, policy.lookahead)
     room_ahead = room if policy.lookahead_cap is None else min(room, policy.lookahead_cap + 1e-9)
     table = _action_table(n, m)
@@ -183,12 +181,7 @@ def v_list_schedule(
                     continue
                 t = max(t, arrived + comm_up[s])
             cand[key] = t
-            if "I" not in cand:
-                cand["I"], i_stage = t, s
-            elif oldest_grad and t <= now + eps and cand["I"] <= now + eps:
-                if k < next_i[i_stage]:  # both ready: the older micro-batch's
-                    cand["I"], i_stage = t, s
-            elif t < cand["I"] - eps:
+            if "I" not in cand or t < cand["I"] - eps:
                 cand["I"], i_stage = t, s
         script = scripts[r]
         k = next_f[s1]  # s1 > 0: the second chunk's input always comes from stage s1-1
