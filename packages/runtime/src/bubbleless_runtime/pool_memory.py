@@ -3,7 +3,7 @@
 A device's peak is the weights of two consecutive jobs on it (the next job's weights prefetch while
 the current one computes) plus, for a gradient job, what one micro-batch keeps for its backward: the
 activations autograd saves through the group (from a profile, when there is one), its uploaded input
-and the gradient handed to it. Without a profile only the weights are checked here; the executor's
+(once, where the group's first layer saves it) and the gradient handed to it. Without a profile only the weights are checked here; the executor's
 run-time accounting (``bubbleless_offload.MemoryBudget``) catches the rest in the first step.
 """
 
@@ -37,13 +37,20 @@ def device_peaks(schedule: Schedule, store, profile=None) -> list[tuple[float, s
 
 
 def _activation_bytes(groups, job: int, profile) -> float:
+    """One micro-batch of gradient job ``job`` at its backward: its uploaded input, what autograd saves
+    through the group, and the output gradient handed down, each storage once, as the executor counts
+    them (``pool_worker``). A profile's saved bytes already hold a layer's input where the layer saves
+    it (``bubbleless_partition`` counts every saved storage: a transformer block's first norm saves its
+    input), so the upload only adds the part of the input the group's first layer does not keep; the
+    output gradient is a new tensor beside them."""
     if profile is None or groups.role(job) == "forward":
         return 0.0
     tokens = profile.tokens_per_microbatch
     layers = groups.layers(job)
     saved = sum(profile.layers[i].activation_bytes_per_token for i in layers) * tokens
     boundary = profile.layers[layers.start - 1].output_bytes_per_token * tokens if layers.start > 0 else 0.0
-    return saved + 2 * boundary  # the uploaded input and the output gradient handed down
+    first_saved = profile.layers[layers.start].activation_bytes_per_token * tokens
+    return saved + max(0.0, boundary - first_saved) + boundary
 
 
 def check_fits(schedule: Schedule, store, budget: float | None, devices, profile=None) -> None:

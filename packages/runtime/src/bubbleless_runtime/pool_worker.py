@@ -21,7 +21,8 @@ What an action waits for and where its tensors come from is ``pool_routes`` (the
 activations cross devices only through the board's host copies, so devices run as a wavefront.
 Every tensor placed on the device is counted against the device's ``MemoryBudget``: weights by
 ``DeviceWeights``, uploaded inputs and the activations autograd saves (through saved-tensor hooks,
-which are per thread) here, and what a deferred W keeps from its I until it runs (``pool_split``).
+which are per thread: ``bubbleless_partition``'s ``SavedStorages``, each storage once, an uploaded input
+not again) here, and what a deferred W keeps from its I until it runs (``pool_split``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from bubbleless_offload import DeviceStreams, DeviceWeights, MemoryBudget, stream_context, to_device, to_host
+from bubbleless_partition.saved_tensors import SavedStorages
 from bubbleless_schedules import Action, Kind
 
 from .comm import as_tuple
@@ -192,29 +194,34 @@ class DeviceWorker:
         leaves = tuple(t.detach().requires_grad_(_carries_grad(t)) for t in tensors)
         return (leaves if isinstance(x, (tuple, list)) else leaves[0]), leaves
 
-    def _graph_forward(self, action: Action, activation, modules, loaded, input_bytes: int):
-        """``modules`` over ``activation`` with a graph, the activations autograd saves counted on the budget.
-        A micro-batch whose backward is split runs them deferring its weight gradients (``pool_split``)."""
-        key, seen = (action.stage, action.microbatch), set()
+    def _saving(self, action: Action, loaded, inputs, input_bytes: int) -> SavedStorages:
+        """What micro-batch ``action``'s forward with a graph saves, reserved on the budget as autograd saves
+        it: each storage on this device once, the job's weights left out, and its input ``inputs`` not: an
+        uploaded one is reserved since its upload (``input_bytes``), the caller's batch is not the pool's.
+        Every forward of the micro-batch runs inside it (``_graph_forward``); its bytes go back with B or I."""
+        key = (action.stage, action.microbatch)
         self.reserved[key] = input_bytes
-        weights = {p.untyped_storage().data_ptr() for module in loaded.modules for p in module.parameters()}
-        deferred = None
-        if key in self.routes.split:
-            deferred = self.deferred.setdefault(key, Deferred())
+        given = {t.untyped_storage().data_ptr() for t in inputs}
+        deferred = self.deferred.setdefault(key, Deferred()) if key in self.routes.split else None
+        what = f"the activations {action} saves for its backward"
 
-        def pack(t):
-            storage = t.untyped_storage()
-            ptr = storage.data_ptr()
-            if t.device == self.device and ptr not in seen and ptr not in weights:
-                seen.add(ptr)
-                self.budget.reserve(storage.nbytes(), f"the activations {action} saves for its backward")
-                self.reserved[key] += storage.nbytes()
-                if deferred is not None:
-                    deferred.note(t)
-            return t
+        def on_save(t: torch.Tensor, added: int) -> None:
+            if not added:  # a storage counted already
+                return
+            if deferred is not None:  # the input too: a deferred linear's W may keep it
+                deferred.note(t)
+            if t.untyped_storage().data_ptr() not in given:
+                self.budget.reserve(added, what)
+                self.reserved[key] += added
 
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
-                deferred.deferral() if deferred is not None else contextlib.nullcontext():
+        weights = [p for module in loaded.modules for p in module.parameters()]
+        return SavedStorages(excluded=weights, device=self.device, on_save=on_save)
+
+    def _graph_forward(self, action: Action, activation, modules, saving: SavedStorages):
+        """``modules`` over ``activation`` with a graph, what autograd saves counted by ``saving``. A
+        micro-batch whose backward is split runs them deferring its weight gradients (``pool_split``)."""
+        deferred = self.deferred.get((action.stage, action.microbatch))
+        with saving, deferred.deferral() if deferred is not None else contextlib.nullcontext():
             for module in modules:
                 activation = module(activation)
         return activation
@@ -276,10 +283,11 @@ def forward_last(worker: DeviceWorker, action: Action, state: WorkerState) -> No
     with stream_context(worker.streams.compute):  # the target's copy is ordered before the loss reads it
         target = state.step.targets[m]
         target = tuple(t.to(worker.device) for t in target) if isinstance(target, tuple) else target.to(worker.device)
-        body = worker._graph_forward(action, activation, modules[:-1], loaded, nbytes)
+        saving = worker._saving(action, loaded, leaves, nbytes)
+        body = worker._graph_forward(action, activation, modules[:-1], saving)
         result = None if fused is None else fused(modules[-1], body, target)
         if result is None:
-            loss = loss_fn(worker._graph_forward(action, body, modules[-1:], loaded, worker.reserved[(j, m)]), target)
+            loss = loss_fn(worker._graph_forward(action, body, modules[-1:], saving), target)
             roots, grads = (loss,), (None,)
         else:
             loss, grads = result
@@ -298,7 +306,7 @@ def recompute(worker: DeviceWorker, action: Action, state: WorkerState) -> None:
     x, nbytes = worker._input(action, state, payloads, worker.groups.layers(j).start)
     activation, leaves = worker._leaves(x)
     with stream_context(worker.streams.compute):
-        out = worker._graph_forward(action, activation, loaded.modules, loaded, nbytes)
+        out = worker._graph_forward(action, activation, loaded.modules, worker._saving(action, loaded, leaves, nbytes))
     worker.graphs[(j, m)] = (tuple(t for t in as_tuple(out) if _carries_grad(t)), leaves, None)
     worker._publish(action, state)
 

@@ -1,0 +1,128 @@
+"""What the pool's saved-tensor hooks keep and count: an output saved for its own backward (tanh, softmax)
+is freed with its graph, a failed step's graphs included, and an uploaded input a layer saves is counted
+on the device's budget once, with the rest of what autograd keeps."""
+
+import gc
+import weakref
+
+import pytest
+import torch
+from torch import nn
+
+from bubbleless_runtime._testing import reference_grads, relative_error, tiny_batch, tiny_loss, tiny_model
+from bubbleless_runtime.pool import RoundRobinPipeline
+from bubbleless_runtime.pool_worker import POOL
+from bubbleless_schedules import Kind
+from bubbleless_schedules.roundrobin_layout import PoolGroups
+
+M = 4
+SAVED_OUTPUTS: list = []  # weak references to the storages of the probe's tanh and softmax outputs
+
+
+class SelfSavingBlock(nn.Module):
+    """A block whose tanh and softmax outputs are saved for their own backward (the hooks' cycle case)."""
+
+    def forward(self, activation):
+        hidden, aux, index = activation
+        squashed, shares = torch.tanh(hidden), torch.softmax(hidden, dim=-1)
+        if torch.is_grad_enabled():
+            SAVED_OUTPUTS.extend(weakref.ref(t.untyped_storage()) for t in (squashed, shares))
+        return hidden + squashed + shares, aux, index
+
+
+def _probed_model():
+    layers = list(tiny_model(7))
+    return nn.Sequential(*layers[:5], SelfSavingBlock(), *layers[5:])
+
+
+def test_rt_pool_memory_saved_outputs_die_with_their_graph_even_when_a_step_fails():
+    """A pack hook returning its input keeps an output saved for its own backward in a cycle with its
+    graph: B frees it, but the graphs a failed step leaves are dropped unrun and stayed alive for good."""
+    model, ref = _probed_model(), _probed_model()
+    calls = {"loss": 0, "fail_at": None}
+
+    def loss_fn(output, target):
+        calls["loss"] += 1
+        if calls["loss"] == calls["fail_at"]:
+            raise RuntimeError("a loss that fails mid-step")
+        return tiny_loss(output, target)
+
+    pipe = RoundRobinPipeline(model, devices=["cpu", "cpu"], num_microbatches=M, loss_fn=loss_fn,
+                              partition=PoolGroups((3, 3), 2, (1, 2, 3)), timeout=60)
+    inputs, targets = tiny_batch(8)
+    for fails in (False, True, False):
+        SAVED_OUTPUTS.clear()
+        calls["fail_at"] = calls["loss"] + 2 if fails else None  # after micro-batch 0's graph is built
+        if fails:
+            with pytest.raises(RuntimeError, match="fails mid-step"):
+                pipe.step(inputs, targets)
+        else:
+            loss = pipe.step(inputs, targets)
+        gc.collect()
+        assert SAVED_OUTPUTS and all(ref() is None for ref in SAVED_OUTPUTS), \
+            f"{sum(ref() is not None for ref in SAVED_OUTPUTS)} saved outputs alive after the step (failed: {fails})"
+        assert all(w.budget.used == 0 for w in pipe.workers)
+    want_loss, want = reference_grads(ref, inputs, targets, M)
+    got = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert set(got) == set(want)
+    assert max(relative_error(got[n], 2 * want[n]) for n in want) <= 1e-5  # .grad adds up the two steps that ran
+    assert abs(float(loss) - float(want_loss)) <= 1e-5 * abs(float(want_loss))
+
+
+WIDTH, ROWS = 16, 8
+
+
+def test_rt_pool_memory_an_uploaded_input_a_layer_saves_counts_once():
+    """A job of one Linear + tanh holds its uploaded input (which the linear saves) and the tanh output
+    it saves: the budget grows by exactly those two while its forward with a graph runs (R, the last F).
+    The job at layer 0 reads the caller's micro-batch, which is not the pool's to count: its tanh output only."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.Tanh()) for _ in range(3)])
+    grown = []
+
+    def watched(handler):
+        def run(worker, action, state):
+            before = worker.budget.used
+            handler(worker, action, state)
+            grown.append((action, worker.budget.used - before))
+        return run
+
+    pipe = RoundRobinPipeline(model, devices=["cpu", "cpu"], num_microbatches=M, partition=PoolGroups((2,), 1, (1, 1)),
+                              loss_fn=lambda out, target: nn.functional.mse_loss(out, target, reduction="sum"),
+                              timeout=60)
+    pipe.interpreter = POOL.with_handler(Kind.R, watched(POOL.handlers[Kind.R]))
+    pipe.interpreter = pipe.interpreter.with_handler(Kind.F, watched(POOL.handlers[Kind.F]))
+    pipe.step(torch.randn(ROWS, WIDTH), torch.randn(ROWS, WIDTH))
+    activation = ROWS // M * WIDTH * 4  # one micro-batch's float32 activation, in bytes
+    groups = pipe.groups
+    graphs = {a: g for a, g in grown if a.kind is Kind.R or groups.role(a.stage) == "last"}
+    assert len(graphs) == 3 * M, grown  # two backward jobs' R and the last job's F, per micro-batch
+    want = {a: (2 if groups.layers(a.stage).start > 0 else 1) * activation for a in graphs}
+    assert graphs == want  # the input once (not again where the linear saves it), and the tanh output
+    assert all(w.budget.used == 0 for w in pipe.workers)
+
+
+class _NoWeights:
+    def weight_bytes(self, layers) -> int:
+        return 0
+
+
+def test_rt_pool_memory_fit_check_counts_the_input_once_where_the_first_layer_saves_it():
+    """``check_fits``'s activation bytes: a profile's saved bytes hold a layer's input where it saves it, so
+    the upload adds only the part its first layer does not keep; the output gradient is counted beside."""
+    from bubbleless_partition import LayerCost, Profile
+    from bubbleless_runtime.pool_memory import device_peaks
+    from bubbleless_schedules import Schedule
+
+    schedule = Schedule.from_text(
+        "# bubbleless-schedule name=roundrobin stages=5 microbatches=1 layout=roundrobin "
+        "meta.forward_layers=2,1 meta.last_layers=1 meta.backward_layers=1,2\n"
+        "0F0 2F0 2B0 4R0 4B0\n1F0 3R0 3B0\n")  # jobs 2 = layer 3, 3 = R/B layers 1-2, 4 = R/B layer 0
+    saved = [5, 30, 20, 4]  # layer 1 keeps more than its 10-byte input (it saves it), layer 3 less
+    profile = Profile(layers=tuple(LayerCost(name=f"l{i}", forward=1.0, input_grad=1.0, weight_grad=1.0,
+                                             activation_bytes_per_token=a,
+                                             output_bytes_per_token=10) for i, a in enumerate(saved)))
+    peaks = [peak for peak, _ in device_peaks(schedule, _NoWeights(), profile)]
+    # device 0: job 2 keeps 4 + the 6 input bytes layer 3 does not + its 10-byte gradient; device 1: job 3
+    # keeps 30 + 20 (its input inside layer 1's 30) + its gradient
+    assert peaks == [4 + 6 + 10, 30 + 20 + 10]
