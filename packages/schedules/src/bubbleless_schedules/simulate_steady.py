@@ -12,9 +12,10 @@ and never rotates: these figures are what an asynchronous executor would reach.
 
 **Load streams** (``load_stream=True``, round-robin pool schedules): a LOAD runs on its device's own
 copy stream instead of in the compute order, so it overlaps the previous job's compute, as the pool
-prefetches (``pool_worker.load``). The weight budget holds two jobs: the LOAD of a device's q-th job
-waits until its (q-2)-th job has ended (its STORE or last forward); a job's first compute waits for its
-LOAD. Without it (the shared simulator's rule) a LOAD occupies the device in order, which only hides
+prefetches (``pool_worker.load``). The weight budget holds two jobs: a job's weights go when its last
+action on the device ends (its STORE or last forward), and the LOAD of a device's q-th job waits until
+q - 1 of its earlier jobs have ended, in whatever order the device ends them; a job's first compute
+waits for its LOAD. Without it (the shared simulator's rule) a LOAD occupies the device in order, which only hides
 it in waits for input.
 
 The steady-state bubble is ``1 - work / (devices x period)``, the period being the mean distance
@@ -102,36 +103,43 @@ def _shift(timeline) -> int:
 
 def _items(requires, produces, durations, kinds, stages, devices, iterations, shift, load_stream):
     """Per row (devices, then their load streams when ``load_stream``): (needs, makes, duration,
-    iteration) of each item in order; events tagged with the iteration, plus the budget events."""
+    iteration) of each item in order; events tagged with the iteration, plus the weight budget's."""
     rows = [[] for _ in range(2 * devices if load_stream else devices)]
     for d in range(devices):
-        numbers, last_item = {}, {}  # (iteration, stage) -> the job's number on this device, by first action
-        compute = rows[d]
+        jobs = ([], [])  # per item of the compute row, then of the load stream: its (iteration, stage)
         for k in range(iterations):
             src = (d - k * shift) % devices
             for j in range(len(requires[src])):
+                on_stream = load_stream and kinds[src][j] is Kind.LOAD
                 needs = [(k, e) for e in requires[src][j]]
                 makes = [(k, e) for e in produces[src][j]]
-                occurrence = numbers.setdefault((k, stages[src][j]), len(numbers))
-                if load_stream and kinds[src][j] is Kind.LOAD:
-                    if occurrence >= 2:
-                        needs.append(("released", d, occurrence - 2))
-                    rows[devices + d].append((needs, makes + [("loaded", d, occurrence)], durations[src][j], k))
-                    continue
-                if load_stream:
-                    needs.append(("loaded", d, occurrence))
-                compute.append((needs, makes, durations[src][j], k))
-                last_item[occurrence] = len(compute) - 1
+                rows[devices + d if on_stream else d].append((needs, makes, durations[src][j], k))
+                jobs[on_stream].append((k, stages[src][j]))
         if load_stream:
-            loaded = {e[2] for _, makes, _, _ in rows[devices + d] for e in makes if e[0] == "loaded"}
-            for q, position in last_item.items():
-                compute[position][1].append(("released", d, q))
-            for needs, *_ in compute:  # jobs without a LOAD (transfers off) wait for none
-                needs[:] = [e for e in needs if e[0] != "loaded" or e[2] in loaded]
-            for q in range(len(numbers)):
-                if q not in last_item:  # a job with only its LOAD/STORE here releases at once
-                    rows[devices + d].append(([], [("released", d, q)], 0.0, 0))
+            _weight_budget(rows[d], rows[devices + d], *jobs, d)
     return rows
+
+
+def _weight_budget(compute: list, loads: list, compute_jobs: list, load_jobs: list, device: int) -> None:
+    """Add the events of two jobs' weights on ``device``: a job's compute waits for its LOAD, its last
+    action here releases its weights, and the q-th LOAD waits until q - 1 of the jobs loaded before it
+    have released theirs, whichever they are: a device may end a later-started job first (a split
+    backward's W), and the pool then loads the next job into the room that job leaves. A job with only
+    its LOAD here holds nothing after it."""
+    last = {job: position for position, job in enumerate(compute_jobs)}
+    loaded = [job for job in load_jobs if job in last]
+    number = {job: q for q, job in enumerate(loaded)}
+    released = sorted(loaded, key=last.__getitem__)  # jobs in the order the compute row ends them
+    for (needs, makes, _, _), job in zip(loads, load_jobs, strict=True):
+        makes.append(("loaded", device, job))
+        if number.get(job, 0) >= 2:
+            needs.append(("released", device, released[number[job] - 2]))
+    waits_for_load = set(loaded)
+    for position, ((needs, makes, _, _), job) in enumerate(zip(compute, compute_jobs, strict=True)):
+        if job in waits_for_load:  # jobs without a LOAD (transfers off) wait for none
+            needs.append(("loaded", device, job))
+            if last[job] == position:
+                makes.append(("released", device, job))
 
 
 def _run(requires, produces, durations, kinds, stages, comm, devices, iterations, shift, load_stream) -> list[float]:
