@@ -306,12 +306,17 @@ def search_v_schedule(
             greedy = _fixed_result(p, m, stable_greedy_orders(p, m, kind), costs, input_grad_frees)
             if greedy.peak_chunks <= cap_chunks + 1e-9 and _better(greedy, best):
                 best = greedy
+    before_cool_down = best
     if cap_chunks < 2 * p - 1e-9:
         best = _cool_down(p, m, costs, cap_chunks, input_grad_frees, best, leaders)
     if p <= _EXACT_RANKS_UP_TO and 6 * p * m <= _EXACT_UP_TO and input_grad_frees == 0.0:
         best = _exact(p, m, costs, cap_chunks, best)
     if 6 * p * m <= _LOCAL_SEARCH_UP_TO:
-        best = _polish(p, m, costs, cap_chunks, input_grad_frees, best)
+        polished = _polish(p, m, costs, cap_chunks, input_grad_frees, best)
+        if best is not before_cool_down:  # the swaps may go further from the order the cool-down replaced
+            other = _polish(p, m, costs, cap_chunks, input_grad_frees, before_cool_down)
+            polished = other if _better(other, polished) else polished
+        best = polished
     return best
 
 
