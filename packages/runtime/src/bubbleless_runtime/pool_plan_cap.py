@@ -7,9 +7,10 @@ budget the layer-cost generator's plan is held to, counted by ``plan_peak_bytes`
 
 ``plan_peak_bytes`` walks each device's actions in the order the device runs them:
 
-- weights: the pool releases a device's jobs in the order they start and prefetches the next, so at
-  any action the device holds every job started and not yet finished there, and the next one to start
-  (at least two when there is a next). A job split over devices holds its weights on each of them.
+- weights: a device holds a job's weights from its upload (prefetched while the job before it runs) to
+  its last action there, so at any action it holds every job started and not yet finished, and the
+  next one to start (a job that ends before one started earlier is counted until that one ends: an
+  upper bound). A job split over devices holds its weights on each of them.
   A job's weights are its layers' ``param_bytes`` times ``Profile.state_bytes_per_param_byte``.
 - activations: a gradient job's R (the fused last group's F) keeps its layers'
   ``activation_bytes_per_token`` times ``tokens_per_microbatch`` until that micro-batch's B, or its W
@@ -45,7 +46,7 @@ def plan_peak_bytes(schedule: Schedule, profile: Profile) -> tuple[float, ...]:
         last = {a.stage: position for position, a in enumerate(row)}
         held, worst, current, started = {}, 0.0, 0, 0
         for position, action in enumerate(row):
-            while last[order[current]] < position:  # jobs end in start order on a device (the pool's rule)
+            while last[order[current]] < position:  # the oldest job not yet finished on the device
                 current += 1
             started = max(started, rank[action.stage])
             resident = sum(weights[j] for j in order[current:max(started, current + 1) + 1])
