@@ -181,12 +181,16 @@ class DeviceWorker:
     def _prefetch(self) -> None:
         """Upload the job after the latest loaded one while fewer than two jobs' weights are here. A
         schedule may start the next job's recompute before this job ends (``roundrobin`` with layer
-        costs): its LOAD then finds the weights prefetched and must not bring a third job."""
+        costs): its LOAD then finds the weights prefetched and must not bring a third job. A job started
+        after the latest may have ended first (a split backward's W ends a job late): the next is then
+        the first one after it not yet ended."""
         if not self.loaded or len(self.loaded) >= 2:
             return
         latest = max(self.loaded, key=self.job_index.__getitem__)
         upcoming = self.next_job.get(latest)
-        if upcoming is not None and upcoming not in self.loaded and upcoming not in self.finished:
+        while upcoming in self.finished:
+            upcoming = self.next_job.get(upcoming)
+        if upcoming is not None and upcoming not in self.loaded:
             self.loaded[upcoming] = self.weights.load(self.groups.layers(upcoming))
 
     def _leaves(self, x):
