@@ -15,8 +15,8 @@ copy stream instead of in the compute order, so it overlaps the previous job's c
 prefetches (``pool_worker.load``). The weight budget holds two jobs: a job's weights go when its last
 action on the device ends (its STORE or last forward), and the LOAD of a device's q-th job waits until
 q - 1 of its earlier jobs have ended, in whatever order the device ends them; a job's first compute
-waits for its LOAD. Without it (the shared simulator's rule) a LOAD occupies the device in order, which only hides
-it in waits for input.
+waits for its LOAD. Without it (the shared simulator's rule) a LOAD occupies the device in order, which
+only hides it in waits for input.
 
 The steady-state bubble is ``1 - work / (devices x period)``, the period being the mean distance
 between consecutive iterations' ends. What it leaves out: the optimizer's own time and an iteration
