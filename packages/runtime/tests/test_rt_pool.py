@@ -376,3 +376,17 @@ def _assert_same_with_two_jobs_weights_at_most(pipe, model, ref, inputs, targets
     loss = pipe.step(inputs, targets)
     _assert_same(model, ref, inputs, targets, 4, loss)
     assert max(live) <= 2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU: the pool on real device memory")
+def test_rt_pool_on_a_gpu_moves_the_callers_micro_batches_and_matches_gradients():
+    """Jobs at layer 0 read the caller's host micro-batch: the worker copies it to its GPU (it used to hand
+    the host tensor to device weights). Two jobs' weights on one GPU, twice: a pool of two GPU workers."""
+    model, ref = tiny_model(7), tiny_model(7)
+    inputs, targets = tiny_batch(8)
+    pipe = _pool(model, CUTS["asymmetric"], devices=["cuda:0", "cuda:0"])
+    loss = pipe.step(inputs, targets)
+    want_loss, want = reference_grads(ref, inputs, targets, 4)
+    got = _grads(model)
+    assert max(relative_error(got[n], want[n]) for n in want) <= 1e-4
+    assert abs(float(loss) - float(want_loss)) <= 1e-4 * abs(float(want_loss))

@@ -166,11 +166,20 @@ class DeviceWorker:
 
     def _input(self, action: Action, state: WorkerState, payloads: dict, at_layer: int):
         event = self.routes.input_event[action]
-        if event is None:
-            return state.step.inputs[action.microbatch], 0
+        if event is None:  # the job starts at layer 0: the caller's micro-batch, in host memory
+            return self._batch_on_device(state.step.inputs[action.microbatch]), 0
         activation, nbytes = self._upload(payloads[event][at_layer], f"the input of {action}")
         state.step.board.read_done(event)
         return activation, nbytes
+
+    def _batch_on_device(self, batch):
+        """The caller's micro-batch (a tensor or a tuple of them) on this device, copied on the compute
+        stream so the job reads it after the copy; a CPU device uses it as it is."""
+        if self.device.type == "cpu":
+            return batch
+        with stream_context(self.streams.compute):
+            moved = tuple(t.to(self.device) for t in as_tuple(batch))
+        return moved if isinstance(batch, tuple) else moved[0]
 
     def _release_if_done(self, action: Action) -> None:
         if self.last_action[action.stage] == action and action.stage in self.loaded:
