@@ -96,7 +96,7 @@ def headline(grid: Grid, hw: str = "rtx4090", gpus: int = 8) -> list[str]:
 
 def roundrobin_breakdown(grid: Grid, hw: str = "rtx4090", gpus: int = 8) -> list[str]:
     lines = ["| model | step (s) | simulated compute + transfers (s) | CPU AdamW, overlapped (s) | fused last group "
-             "alone, one GPU (s) | all jobs' work spread evenly (s) | baseline step (s) |",
+             "alone, busiest GPU (s) | all jobs' work spread evenly (s) | baseline step (s) |",
              "|---|---|---|---|---|---|---|"]
     for model in MODELS:
         p, best = grid.get("roundrobin", model, hw, gpus), grid.best_baseline(model, hw, gpus)
@@ -162,8 +162,10 @@ WHY = [
     "plain AdamW fed one-step-late gradients does, so judge the synchronous column too. The 235B LoRA ratio is large because ZeRO-3 gathers 470 GB of frozen weights through "
     "host memory every micro-batch pass. What still costs round-robin most, visible in the table above: (1) one "
     "pool step runs the fused last group (the LM head, 6 decoder layers' worth of FLOPs for Qwen3-1.7B) over "
-    "every micro-batch on one GPU, so it bounds the step the way the LM-head stage bounds 1F1B; splitting "
-    "the batch into several pool steps moves the head between GPUs but pays a ramp each time. (2) Backward "
+    "every micro-batch, so it bounds the step the way the LM-head stage bounds 1F1B; the planner splits its "
+    "micro-batches over several GPUs where their weights fit the GPU's bytes (Qwen3-1.7B: a 24-layer fused "
+    "group over six GPUs; the column 'fused last group alone' is the busiest GPU's share; Qwen3-32B keeps "
+    "only the head in it). (2) Backward "
     "groups recompute their forward (a third more FLOPs) and each job's upload is serialised with its "
     "compute in the simulator (pessimistic): compare 'all jobs' work spread evenly' with the baseline's step "
     "for what balance alone could gain. The baselines are modelled generously (transfers perfectly "
