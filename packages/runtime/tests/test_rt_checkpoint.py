@@ -15,29 +15,16 @@ import torch
 
 from bubbleless_runtime import checkpoint_files as files
 from bubbleless_runtime import cli
-from bubbleless_runtime._testing import SequentialPipeline, tiny_batch, tiny_loss, tiny_model
+from bubbleless_runtime._testing.trainers import TinyBatches, tiny_trainer
 from bubbleless_runtime.checkpoint import load, manifest_of
 from bubbleless_runtime.checkpoint_state import join, read, split
-from bubbleless_runtime.trainer import ScaledLoss, Trainer
-
-
-class Batches:
-    def batch(self, position: int):
-        return tiny_batch(4, seed=position)
-
-
-def make_trainer(seed: int = 0) -> Trainer:
-    model = tiny_model(3, seed=seed)
-    loss = ScaledLoss(tiny_loss)
-    pipe = SequentialPipeline(list(model), loss, 2)
-    optimizer = torch.optim.AdamW(pipe.parameters(), lr=1e-2)
-    return Trainer(pipeline=pipe, layers=list(model), loss=loss, optimizer=optimizer, num_microbatches=2)
+from bubbleless_runtime.trainer import Trainer
 
 
 def trained(steps: int) -> Trainer:
-    trainer = make_trainer()
+    trainer = tiny_trainer()
     for _ in range(steps):
-        trainer.train_step(Batches())
+        trainer.train_step(TinyBatches())
     return trainer
 
 
@@ -56,10 +43,10 @@ def test_rt_checkpoint_is_a_manifest_safetensors_and_json_and_a_latest_pointer(t
 def test_rt_resume_from_the_new_files_is_exact(tmp_path):
     whole = trained(2)
     path = whole.save(tmp_path / "checkpoint-2")
-    want = [whole.train_step(Batches()).loss for _ in range(2)]
-    resumed = make_trainer(seed=5)
+    want = [whole.train_step(TinyBatches()).loss for _ in range(2)]
+    resumed = tiny_trainer(seed=5)
     resumed.load(path)
-    assert [resumed.train_step(Batches()).loss for _ in range(2)] == want
+    assert [resumed.train_step(TinyBatches()).loss for _ in range(2)] == want
 
 
 def test_rt_state_round_trips_tuples_int_keys_and_refuses_objects():
@@ -75,7 +62,7 @@ def test_rt_state_round_trips_tuples_int_keys_and_refuses_objects():
 def test_rt_a_write_cut_short_is_never_a_checkpoint_and_resume_names_the_newest_complete_one(tmp_path, monkeypatch):
     trainer = trained(1)
     good = trainer.save(tmp_path / "checkpoint-1")
-    trainer.train_step(Batches())
+    trainer.train_step(TinyBatches())
 
     def killed(*args, **kwargs):
         raise KeyboardInterrupt("killed before the manifest")
@@ -97,12 +84,12 @@ def test_rt_a_write_cut_short_is_never_a_checkpoint_and_resume_names_the_newest_
 
 
 def test_rt_keep_checkpoints_keeps_the_newest_complete_ones(tmp_path):
-    trainer = make_trainer()
+    trainer = tiny_trainer()
     for _ in range(4):
-        trainer.train_step(Batches())
+        trainer.train_step(TinyBatches())
         trainer.save(tmp_path / f"checkpoint-{trainer.step}", keep=2)
     os.makedirs(tmp_path / "notes")  # never touched: not a checkpoint name
-    trainer.train_step(Batches())
+    trainer.train_step(TinyBatches())
     trainer.save(tmp_path / f"checkpoint-{trainer.step}", keep=2)
     assert sorted(os.listdir(tmp_path)) == ["checkpoint-4", "checkpoint-5", "latest", "notes"]
 

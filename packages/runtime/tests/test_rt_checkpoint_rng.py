@@ -10,25 +10,16 @@ import pytest
 import torch
 
 from bubbleless_runtime import checkpoint
-from bubbleless_runtime._testing import SequentialPipeline, tiny_batch, tiny_loss, tiny_model
+from bubbleless_runtime._testing.trainers import TinyBatches, tiny_trainer
 from bubbleless_runtime.checkpoint_rng import cuda_rng_problem
-from bubbleless_runtime.trainer import ScaledLoss, Trainer
+from bubbleless_runtime.trainer import Trainer
 
 CUDA = torch.cuda.is_available()
 
 
-class Batches:
-    def batch(self, position: int):
-        return tiny_batch(4, seed=position)
-
-
 def make_trainer(seed: int = 0) -> Trainer:
-    model = tiny_model(3, seed=seed)
-    loss = ScaledLoss(tiny_loss)
-    pipe = SequentialPipeline(list(model), loss, 2)
-    optimizer = torch.optim.AdamW(pipe.parameters(), lr=1e-2)
-    trainer = Trainer(pipeline=pipe, layers=list(model), loss=loss, optimizer=optimizer, num_microbatches=2)
-    trainer.train_step(Batches())
+    trainer = tiny_trainer(seed)
+    trainer.train_step(TinyBatches())
     return trainer
 
 
