@@ -64,6 +64,17 @@ def _trainable(piped):
     return [(n, p) for n, p in piped.model.named_parameters() if p.requires_grad]
 
 
+def _assert_loss_and_grads_match(piped, ref, loss, ids, labels) -> None:
+    """The pool's summed loss and every trainable gradient equal the unpipelined model's (``ref`` runs its
+    backward here)."""
+    want_loss = _reference(ref, ids, labels)
+    assert abs(float(loss) - want_loss) <= 1e-5 * abs(want_loss)
+    got, want = dict(_trainable(piped)), dict(_trainable(ref))
+    assert got.keys() == want.keys() and got
+    errors = {n: relative_error(got[n].grad, want[n].grad) for n in want if want[n].grad is not None}
+    assert max(errors.values()) <= 1e-5, sorted(errors.items(), key=lambda kv: -kv[1])[:3]
+
+
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 @pytest.mark.parametrize("name", list(MODELS))
 def test_rt_pool_hf_gradients_equal_unpipelined(name, lora):
@@ -71,13 +82,7 @@ def test_rt_pool_hf_gradients_equal_unpipelined(name, lora):
     ids, labels = _batch()
     pipe = RoundRobinPipeline(piped.layers, devices=["cpu"] * 4, num_microbatches=M, loss_fn=piped.loss_fn,
                               partition=CUT, timeout=120)
-    loss = pipe.step(ids, labels)
-    want_loss = _reference(ref, ids, labels)
-    assert abs(float(loss) - want_loss) <= 1e-5 * abs(want_loss)
-    got, want = dict(_trainable(piped)), dict(_trainable(ref))
-    assert got.keys() == want.keys() and got
-    errors = {n: relative_error(got[n].grad, want[n].grad) for n in want if want[n].grad is not None}
-    assert max(errors.values()) <= 1e-5, sorted(errors.items(), key=lambda kv: -kv[1])[:3]
+    _assert_loss_and_grads_match(piped, ref, pipe.step(ids, labels), ids, labels)
     if lora:  # frozen base weights got no gradient, and their host copies are untouched
         assert all(p.grad is None for n, p in piped.model.named_parameters() if not p.requires_grad)
 

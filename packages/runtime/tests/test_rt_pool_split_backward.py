@@ -177,7 +177,7 @@ def test_rt_pool_split_backward_hf_lora_two_devices():
     pytest.importorskip("peft")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     sys.path.insert(0, os.path.dirname(__file__))  # the Hugging Face helpers beside this file
-    from test_rt_pool_hf import _batch, _models, _reference, _trainable
+    from test_rt_pool_hf import _assert_loss_and_grads_match, _batch, _models
 
     piped, ref = _models("qwen3", lora=True)
     layer_costs = Costs([1.0] * 5 + [2.0], [1.0] * 5 + [2.0], [1.0] * 5 + [2.0], 0.1)
@@ -187,13 +187,7 @@ def test_rt_pool_split_backward_hf_lora_two_devices():
     pipe = RoundRobinPipeline(piped.layers, devices=CPU2, num_microbatches=M, loss_fn=piped.loss_fn,
                               schedule=schedule, timeout=120)
     ids, labels = _batch()
-    loss = pipe.step(ids, labels)
-    want_loss = _reference(ref, ids, labels)
-    assert abs(float(loss) - want_loss) <= 1e-5 * abs(want_loss)
-    got, want = dict(_trainable(piped)), dict(_trainable(ref))
-    assert got.keys() == want.keys() and got
-    errors = {n: relative_error(got[n].grad, want[n].grad) for n in want if want[n].grad is not None}
-    assert max(errors.values()) <= 1e-5, sorted(errors.items(), key=lambda kv: -kv[1])[:3]
+    _assert_loss_and_grads_match(piped, ref, pipe.step(ids, labels), ids, labels)
     assert all(p.grad is None for p in piped.model.parameters() if not p.requires_grad)
     assert [w.budget.used for w in pipe.workers] == [0, 0]
 
