@@ -1,5 +1,6 @@
 """RoundRobinPipeline running split-backward schedules (I, then W deferred into waits): the unpipelined
-model's loss and gradients (plain blocks, a fused group split over devices, a tiny HF model with LoRA),
+model's loss and gradients (plain blocks, a fused group split over devices, a device ending a later-started
+job first, a tiny HF model with LoRA),
 bad orders refused before running, and what a deferred W keeps counted until it runs and then freed."""
 
 import os
@@ -62,6 +63,29 @@ def test_rt_pool_split_backward_fused_group_over_two_devices():
                                 split_job=("last", "interleaved"))
     last = groups.last_stage
     assert all(any(a.stage == last and a.kind is Kind.W for a in row) for row in schedule.actions), schedule.render()
+    model, ref = tiny_model(8), tiny_model(8)
+    inputs, targets = tiny_batch(8)
+    loss = _pipe(model, schedule).step(inputs, targets)
+    _assert_unpipelined(model, ref, inputs, targets, loss)
+
+
+def _ends_a_later_job_first(schedule) -> bool:
+    for row in schedule.actions:
+        first = {a.stage: p for p, a in reversed(list(enumerate(row)))}
+        last = {a.stage: p for p, a in enumerate(row)}
+        ends = [last[job] for job in sorted(first, key=first.__getitem__)]
+        if any(a > b for a, b in zip(ends, ends[1:], strict=False)):
+            return True
+    return False
+
+
+def test_rt_pool_split_backward_device_ending_a_later_started_job_first():
+    """The generator's own plan where a device recomputes its next job early, then runs its part of the
+    split fused group from start to STORE before that job ends: the pool prefetches within two jobs'
+    weights (``pool_worker._prefetch``) and the gradients are the unpipelined model's."""
+    layer_costs = Costs([1.0] * 8, [1.0] * 8, [1.0] * 8, 0.1)
+    schedule = generate("roundrobin", num_ranks=3, num_microbatches=M, layer_costs=layer_costs)
+    assert _ends_a_later_job_first(schedule), schedule.render()
     model, ref = tiny_model(8), tiny_model(8)
     inputs, targets = tiny_batch(8)
     loss = _pipe(model, schedule).step(inputs, targets)

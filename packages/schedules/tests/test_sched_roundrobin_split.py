@@ -5,8 +5,9 @@ import pytest
 from bubbleless_schedules import Costs, generate, simulate, validate
 from bubbleless_schedules.generators.roundrobin_cut import job_costs
 from bubbleless_schedules.generators.roundrobin_dispatch import JobTimes, list_dispatch, split_parts
-from bubbleless_schedules.generators.roundrobin_search import dispatched
+from bubbleless_schedules.generators.roundrobin_search import dispatched, held_weights
 from bubbleless_schedules.roundrobin_layout import peak_weight_layers, pool_groups
+from bubbleless_schedules.simulate_steady import steady_state
 
 
 def profile(layers: int, head: float, backward: float, comm: float = 0.1, load: float | None = None) -> Costs:
@@ -112,3 +113,26 @@ def test_weight_limit_errors_say_what_to_change():
         generate("roundrobin", num_ranks=8, num_microbatches=8, layer_costs=HEAVY_HEAD, weight_limit=0)
     with pytest.raises(ValueError, match="weight_limit needs layer_costs="):
         generate("roundrobin", num_ranks=8, num_microbatches=8, weight_limit=4)
+
+
+def test_held_weights_allow_ending_a_later_started_job_first_and_refuse_three_jobs():
+    """The generator may now emit a device that runs its part of the split fused group between its next
+    job's early recompute and that job's end (the pool and the load-stream simulator free weights in
+    end order); moving a third job's start inside that window would need three jobs' weights."""
+    layer_costs = Costs([1.0] * 8, [1.0] * 8, [1.0] * 8, 0.1)
+    schedule = generate("roundrobin", num_ranks=3, num_microbatches=4, layer_costs=layer_costs)
+    validate(schedule)
+    row = schedule.actions[0]
+    starts = list(dict.fromkeys(a.stage for a in row))
+    last = {a.stage: p for p, a in enumerate(row)}
+    assert any(last[a] > last[b] for a, b in zip(starts, starts[1:], strict=False)), schedule.render()
+    jobs, layers = held_weights(schedule)
+    assert jobs == 2 and layers >= max(peak_weight_layers(schedule))
+    assert steady_state(schedule, job_costs(layer_costs, pool_groups(schedule)), load_stream=True).period > 0
+    inner = next(b for a, b in zip(starts, starts[1:], strict=False) if last[a] > last[b])
+    later = starts[starts.index(inner) + 1]
+    moved = next(a for a in row if a.stage == later)
+    at = next(p for p, a in enumerate(row) if a.stage == inner)
+    rest = [a for a in row if a is not moved]
+    three = schedule.replace(actions=(tuple(rest[:at] + [moved] + rest[at:]), *schedule.actions[1:]))
+    assert held_weights(three)[0] == 3

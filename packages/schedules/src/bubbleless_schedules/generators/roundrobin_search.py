@@ -11,17 +11,18 @@ plan, jobs are then split over devices (a split job LOADs its weights and STOREs
 on each of its devices): the pacing jobs over two (``pacing_jobs``: the fused last group and the job with
 the most work; halves or interleaved, ``roundrobin_dispatch.SPLITS``), and larger fused groups
 (``grown_fused``: less recompute) over as many devices as keep them from pacing, all within
-``weight_limit`` layers of weights per device (default: what the best unsplit plan holds) and refused
-when a device would finish a job before one it started earlier (the pool releases weights in start
-order). The best ``FINALISTS`` and the best unsplit plan, weight transfers inserted, are simulated under
+``weight_limit`` layers of weights per device (default: what the best unsplit plan holds), counted
+as the pool holds them (``held_weights``: a device may end a later-started job first, the pool then
+prefetches its next job into the room it leaves), and refused when a device would need three jobs'
+weights at once. The best ``FINALISTS`` and the best unsplit plan, weight transfers inserted, are simulated under
 the per-job costs the layer costs sum to (LOAD/STORE included), and the fastest within ``memory_limit``
 wins (the first on a tie, so the result is deterministic).
 
 Split backward (``split_backward``): True searches with every gradient job's B dispatched as I and W
 (``roundrobin_dispatch``), False with B. None (the generator's default) searches with B, then dispatches
 the winner's cut and job split with I and W under every look-ahead; the list scheduler's best of those
-that release jobs in the order they start (``_nested``: W ends a job later, so the next job's early
-recompute can outlive it) is simulated and replaces the B plan only when it runs faster (B on a tie).
+(W ends a job late, so a device may end the next job's early recompute first: allowed within two jobs'
+weights) is simulated and replaces the B plan only when it runs faster (B on a tie).
 So the default is never slower than B and costs a few dispatches, not a second search (two whole
 searches take ~2 s per call at the sizes of ``bench.schedules.roundrobin_table``; two at half budget
 each would fit but lose the guarantee, and gained 1-3% on four of its ten rows, lost 1% on two). A
@@ -36,7 +37,7 @@ import math
 
 from ..costs import Costs
 from ..lowering import add_weight_transfers
-from ..roundrobin_layout import PoolGroups, peak_weight_layers
+from ..roundrobin_layout import PoolGroups, pool_groups
 from ..schedule import Schedule
 from ..simulate import peak_memory, simulated_makespan
 from . import roundrobin_refine
@@ -81,7 +82,7 @@ def search(layer_costs: Costs, *, num_devices: int, num_microbatches: int, memor
     aheads = AHEADS if ahead is None else (ahead,)
     ranked, smallest_peak, spent = [], None, 0
     searched = bool(split_backward)  # None: search with B, then try I/W on the winner (at the end)
-    weight_cap = weight_limit  # layers of weights a device may hold at once (two consecutive jobs)
+    weight_cap = weight_limit  # layers of weights a device may hold at once (``held_weights``)
 
     def build(order: int, look: int, next_ahead: int, split_job: tuple | None, split: bool) -> tuple | None:
         """A ranked entry (makespan, order, variant, schedule, costs), or None outside the limits."""
@@ -91,7 +92,8 @@ def search(layer_costs: Costs, *, num_devices: int, num_microbatches: int, memor
                                                num_microbatches=num_microbatches, ahead=look,
                                                weight_transfers=False, split_backward=split,
                                                next_ahead=next_ahead, split_job=split_job or None)
-        if split_job and _nested(schedule) or weight_cap is not None and max(peak_weight_layers(schedule)) > weight_cap:
+        jobs, layers = held_weights(schedule)
+        if jobs > 2 or weight_cap is not None and layers > weight_cap:
             return None
         if memory_limit is not None:
             peak = max(peak_memory(schedule))
@@ -144,7 +146,7 @@ def search(layer_costs: Costs, *, num_devices: int, num_microbatches: int, memor
     if num_devices >= 2 and num_microbatches >= 2:  # then split jobs over devices, from the best unsplit plan
         _, order, (look, next_ahead, _), schedule, costs = unsplit
         if weight_limit is None:  # within the weights the best unsplit plan holds per device
-            weight_cap = max(peak_weight_layers(schedule))
+            weight_cap = held_weights(schedule)[1]
         for job in pacing_jobs(cuts[order], costs, num_microbatches):
             for how in SPLITS:
                 consider(order, look, next_ahead, (job, how))
@@ -167,8 +169,7 @@ def search(layer_costs: Costs, *, num_devices: int, num_microbatches: int, memor
     if split_backward is None:  # the winner's cut and job split with I and W under every look-ahead; the
         _, order, (_, _, split_job) = winner[:3]  # simulator judges the list scheduler's best of them
         looks = [(a, n) for a in aheads for n in ((0, num_microbatches) if ahead is None else (0,))]
-        split = [e for e in (build(order, a, n, split_job, True) for a, n in looks)
-                 if e is not None and not _nested(e[3])]  # W ends a job late: keep start-order releases
+        split = [e for e in (build(order, a, n, split_job, True) for a, n in looks) if e is not None]
         if split:
             _, split_schedule, split_makespan = _fastest([min(split, key=_rank)], weight_transfers)
             if split_makespan < makespan - 1e-9:  # B on a tie
@@ -240,15 +241,28 @@ def _rank(entry) -> tuple:
     return makespan, order, look, next_ahead, tuple(str(x) for x in split_job)
 
 
-def _nested(schedule: Schedule) -> bool:
-    """Whether a device finishes a job before one it started earlier: the pool's two-jobs weight rule (and
-    ``steady_state(load_stream=True)``) releases jobs in the order they start, so such an order is refused."""
+def held_weights(schedule: Schedule) -> tuple[int, int]:
+    """(most jobs, most layers) whose weights a device holds at once under the pool's rule
+    (``pool_worker._prefetch``): a job's weights arrive at its first action, or earlier as the prefetch of
+    the device's next unstarted job while fewer than two jobs are open, and go after its last action, in
+    whatever order the device ends its jobs. More than two jobs means the pool would load a third (and
+    ``steady_state(load_stream=True)`` would deadlock), so such an order is refused."""
+    groups = pool_groups(schedule)
+    size = {job: len(groups.layers(job)) for job in range(groups.num_stages)}
+    most_jobs = most_layers = 0
     for row in schedule.actions:
-        first, last = {}, {}
-        for position, action in enumerate(row):
-            first.setdefault(action.stage, position)
-            last[action.stage] = position
-        ends = [last[job] for job in sorted(first, key=first.__getitem__)]
-        if any(a > b for a, b in zip(ends, ends[1:], strict=False)):
-            return True
-    return False
+        last = {a.stage: position for position, a in enumerate(row)}
+        first = {a.stage: position for position, a in reversed(list(enumerate(row)))}
+        starts = sorted(first, key=first.__getitem__)  # the device's jobs in the order it starts them
+        open_jobs, started = set(), 0
+        for position in sorted({*first.values(), *last.values()}):  # only a job's ends change what is held
+            job = row[position].stage
+            if position == first[job]:
+                open_jobs.add(job)
+                started += 1
+            prefetched = starts[started:started + 1] if len(open_jobs) < 2 else []
+            most_jobs = max(most_jobs, len(open_jobs))
+            most_layers = max(most_layers, sum(size[j] for j in [*open_jobs, *prefetched]))
+            if position == last[job]:
+                open_jobs.discard(job)
+    return most_jobs, most_layers
