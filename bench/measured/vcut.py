@@ -8,8 +8,8 @@ step the simulator predicts shortest under the layers' measured costs is zbv-mem
   run's processes will (one process, the scenario's torch threads); ``stage_costs`` sums them per stage.
   The profile's I and W are two autograd passes, so their sum overstates a fused backward; it does so
   for every layer alike, which is what choosing between cuts needs.
-- Memory: the bytes a layer's forward saves for backward (``SavedBytes``: autograd's own hooks, weights
-  excluded) do not depend on timing, so the memory test is exact on a loaded machine. A rank's peak is
+- Memory: the bytes a layer's forward saves for backward (the profile's count, autograd's own hooks,
+  weights excluded: ``bubbleless_partition.saved_tensors.SavedStorages``) do not depend on timing, so the memory test is exact on a loaded machine. A rank's peak is
   its actions walked in order: F adds its stage's bytes, W (or B) frees them. I frees nothing: the
   runtime's deferred weight gradients keep each linear's input until W, so this over-counts a little
   and never under-counts.
@@ -108,20 +108,6 @@ def choose_v_cut(layer_costs, layer_bytes, *, workers: int, microbatches: int) -
                 len(fits))
 
 
-def saved_bytes_per_layer(layers, sample) -> list[int]:
-    """Bytes each layer's forward saves for backward on ``sample`` (each layer on the one before's output)."""
-    from bubbleless_runtime.saved_bytes import SavedBytes
-
-    found, x = [], sample
-    for layer in layers:
-        x = x.detach().requires_grad_(x.is_floating_point())
-        with SavedBytes() as saved:
-            out = layer(x)
-            found.append(saved.peak)
-        x = out
-    return found
-
-
 def measured_v_cut(scenario: Scenario, *, repeats: int = 9) -> VCut:
     """Profile the scenario's layers on one micro-batch and choose zbv-mem's cut (``choose_v_cut``)."""
     import torch
@@ -137,9 +123,11 @@ def measured_v_cut(scenario: Scenario, *, repeats: int = 9) -> VCut:
         x, _ = batch(scenario, 0)
         sample = x[:scenario.micro_batch]
         costs = profile(layers, sample, repeats=repeats, warmup=2, name=f"{scenario.name} layers")
-        layer_bytes = saved_bytes_per_layer(layers, sample)
     finally:
         torch.set_num_threads(threads)
+    # the profile's count: each storage autograd keeps once, weights left out (``SavedStorages``), on a
+    # micro-batch that owns its storage (a slice of the batch would count the whole batch's ids)
+    layer_bytes = [round(c.activation_bytes_per_token * costs.tokens_per_microbatch) for c in costs.layers]
     return choose_v_cut(costs, layer_bytes, workers=scenario.workers, microbatches=scenario.microbatches)
 
 
