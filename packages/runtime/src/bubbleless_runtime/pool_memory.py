@@ -1,10 +1,13 @@
 """Whether a round-robin plan fits ``memory_budget`` bytes per device, decided before anything runs.
 
-A device's peak is the weights of two consecutive jobs on it (the next job's weights prefetch while
-the current one computes) plus, for a gradient job, what one micro-batch keeps for its backward: the
-activations autograd saves through the group (from a profile, when there is one), its uploaded input
-(once, where the group's first layer saves it) and the gradient handed to it. Without a profile only the weights are checked here; the executor's
-run-time accounting (``bubbleless_offload.MemoryBudget``) catches the rest in the first step.
+A device's peak is found by the walk ``pool_plan_cap.plan_peak_bytes`` makes over its actions
+(``device_peak_walk``), so the automatic plan held to the budget passes this check: the weights of the
+jobs it holds at once (the current ones and the prefetched), here as the host store holds them, plus
+every micro-batch held from its R to its backward (``held_microbatch_bytes``: the activations autograd
+saves through the group, from a profile when there is one, its uploaded input and the gradient it hands
+down), two or more when the plan recomputes ahead or defers W past I. Without a profile only the
+weights are checked here; the executor's run-time accounting (``bubbleless_offload.MemoryBudget``)
+catches the rest in the first step.
 """
 
 from __future__ import annotations
@@ -13,44 +16,27 @@ from bubbleless_offload import format_bytes as _mb
 from bubbleless_schedules import Schedule
 from bubbleless_schedules.roundrobin_layout import pool_groups
 
+from .pool_plan_cap import device_peak_walk, held_microbatch_bytes
+
 
 def device_peaks(schedule: Schedule, store, profile=None) -> list[tuple[float, str]]:
     """Per device: (peak bytes, how it is made up), as ``check_fits`` counts them."""
     groups = pool_groups(schedule)
-    peaks = []
-    for actions in schedule.actions:
-        jobs = list(dict.fromkeys(a.stage for a in actions))
-        weights = {j: store.weight_bytes(list(groups.layers(j))) for j in jobs}
-        worst, why = 0.0, "no jobs"
-        for position, job in enumerate(jobs):
-            upcoming = jobs[position + 1] if position + 1 < len(jobs) else None
-            held = weights[job] + (weights[upcoming] if upcoming is not None else 0)
-            acts = _activation_bytes(groups, job, profile)
-            if held + acts > worst:
-                worst = held + acts
-                pair = f"job {job}'s weights {_mb(weights[job])}"
-                if upcoming is not None:
-                    pair += f" + job {upcoming}'s prefetched {_mb(weights[upcoming])}"
-                why = pair + (f" + one micro-batch's activations of job {job} {_mb(acts)}" if acts else "")
-        peaks.append((worst, why))
-    return peaks
+    weights = [store.weight_bytes(list(groups.layers(j))) for j in range(groups.num_stages)]
+    held = [held_microbatch_bytes(groups, j, profile) for j in range(groups.num_stages)]
+    return [(peak.bytes, _made_up(peak, weights, held)) for peak in device_peak_walk(schedule, weights, held)]
 
 
-def _activation_bytes(groups, job: int, profile) -> float:
-    """One micro-batch of gradient job ``job`` at its backward: its uploaded input, what autograd saves
-    through the group, and the output gradient handed down, each storage once, as the executor counts
-    them (``pool_worker``). A profile's saved bytes already hold a layer's input where the layer saves
-    it (``bubbleless_partition`` counts every saved storage: a transformer block's first norm saves its
-    input), so the upload only adds the part of the input the group's first layer does not keep; the
-    output gradient is a new tensor beside them."""
-    if profile is None or groups.role(job) == "forward":
-        return 0.0
-    tokens = profile.tokens_per_microbatch
-    layers = groups.layers(job)
-    saved = sum(profile.layers[i].activation_bytes_per_token for i in layers) * tokens
-    boundary = profile.layers[layers.start - 1].output_bytes_per_token * tokens if layers.start > 0 else 0.0
-    first_saved = profile.layers[layers.start].activation_bytes_per_token * tokens
-    return saved + max(0.0, boundary - first_saved) + boundary
+def _made_up(peak, weights, held) -> str:
+    if not peak.jobs:
+        return "no jobs"
+    parts = [f"job {j}'s weights {_mb(weights[j])}" for j in peak.jobs]
+    if peak.microbatches:
+        kept = sum(held[job] for job, _ in peak.microbatches)
+        pairs = ", ".join(f"{job}/{mb}" for job, mb in peak.microbatches)
+        parts.append(f"{len(peak.microbatches)} micro-batches held for their backward (job/micro-batch {pairs}) "
+                     f"{_mb(kept)}")
+    return " + ".join(parts)
 
 
 def check_fits(schedule: Schedule, store, budget: float | None, devices, profile=None) -> None:

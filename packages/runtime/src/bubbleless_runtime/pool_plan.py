@@ -121,6 +121,7 @@ def auto_groups(profile: Profile, *, num_devices: int, num_microbatches: int, na
     cut_options = {k: v for k, v in options.items() if name != "roundrobin" or k not in _LAYER_COST_OPTIONS}
     best = None
     errors = []
+    smallest = None  # (peak bytes, group count) of the leanest cut that was over the budget
     for count in range(1, min(profile.num_layers, 3 * num_devices) + 1):
         try:
             partition = cut(profile, num_stages=count, method="roundrobin", num_microbatches=num_microbatches,
@@ -133,8 +134,9 @@ def auto_groups(profile: Profile, *, num_devices: int, num_microbatches: int, na
         schedule = generate_pool(name, groups, num_layers=profile.num_layers, num_devices=num_devices,
                                  num_microbatches=num_microbatches, costs=costs, options=cut_options)
         if not fits(schedule, profile, device_budget):  # a dispatch holding more than one micro-batch
-            errors.append(f"the cut into {count} groups holds {max(plan_peak_bytes(schedule, profile)):.0f} bytes "
-                          f"on a device, over 2 x memory_cap={device_budget:.0f}")
+            peak = max(plan_peak_bytes(schedule, profile))
+            if smallest is None or peak < smallest[0]:
+                smallest = (peak, count)
             continue
         makespan = simulate(schedule, costs).makespan
         if best is None or makespan < best[0] - 1e-12:
@@ -150,10 +152,16 @@ def auto_groups(profile: Profile, *, num_devices: int, num_microbatches: int, na
     if best is None:
         cap = "no memory_cap" if memory_cap is None else (
             f"memory_cap={memory_cap:.0f} bytes per group ({memory_cap / 2**30:.3f} GiB; a device holds two)")
+        if smallest is not None:
+            why = (f"the leanest cut, into {smallest[1]} backward groups, holds {smallest[0]:.0f} bytes on a device "
+                   f"at its peak (weights and held micro-batches, plan_peak_bytes), over 2 x memory_cap="
+                   f"{device_budget:.0f}; the layer-cost generator found none within it either")
+        else:
+            why = errors[-1] if errors else "the layer-cost generator found none either"
         raise ValueError(
             f"no round-robin plan of the {profile.num_layers} layers over {num_devices} devices fits {cap}: "
-            f"{errors[-1] if errors else 'the layer-cost generator found none either'}. Raise the cap (the device "
-            "budget), use shorter sequences or micro-batches, or pin smaller groups with partition="
+            f"{why}. Raise the cap (the device budget) to at least that peak, use shorter sequences or more "
+            "micro-batches of the same batch, or pin smaller groups with partition="
         )
     return best[1], best[2], best[3]
 

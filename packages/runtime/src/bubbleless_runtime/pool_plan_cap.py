@@ -12,16 +12,20 @@ budget the layer-cost generator's plan is held to, counted by ``plan_peak_bytes`
   next one to start (a job that ends before one started earlier is counted until that one ends: an
   upper bound). A job split over devices holds its weights on each of them.
   A job's weights are its layers' ``param_bytes`` times ``Profile.state_bytes_per_param_byte``.
-- activations: a gradient job's R (the fused last group's F) keeps its layers'
-  ``activation_bytes_per_token`` times ``tokens_per_microbatch`` until that micro-batch's B, or its W
-  when B is split into I and W (I is counted as freeing nothing). Recomputing ahead (two micro-batches,
-  or the next job's in the current job's waits) holds them all. Forward jobs keep nothing.
+- micro-batches: a gradient job's R (the fused last group's F) keeps its layers'
+  ``activation_bytes_per_token`` times ``tokens_per_microbatch``, its uploaded input and the input
+  gradient it hands down (``held_microbatch_bytes``) until that micro-batch's B, or its W when B is
+  split into I and W (I is counted as freeing nothing). Recomputing ahead (two micro-batches, or the
+  next job's in the current job's waits) holds them all. Forward jobs keep nothing.
 
-What no layer owns (the hidden-state buffers in and out, a loss chunk when the profile leaves it out)
-is the caller's to take off the cap first (``bench/modelled/ours.py`` does).
+The pool's own fit check (``pool_memory.check_fits``) walks the same way (``device_peak_walk``), with
+the weights' bytes as the host store holds them, so a plan held to a budget here passes it. What no
+layer owns (a loss chunk when the profile leaves it out) is the caller's to take off the cap first.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from bubbleless_partition import Profile
 from bubbleless_schedules import Schedule, generate
@@ -30,34 +34,69 @@ from bubbleless_schedules.roundrobin_layout import peak_weight_layers, pool_grou
 
 
 def plan_peak_bytes(schedule: Schedule, profile: Profile) -> tuple[float, ...]:
-    """Per device, the most bytes of weights and saved activations it holds at once (module docstring)."""
+    """Per device, the most bytes of weights and held micro-batches it holds at once (module docstring)."""
     groups = pool_groups(schedule)
     if groups.num_layers != profile.num_layers:
         raise ValueError(f"the schedule cuts {groups.num_layers} layers but the profile has {profile.num_layers}")
     weights = [sum(profile.layers[i].param_bytes for i in groups.layers(j)) * profile.state_bytes_per_param_byte
                for j in range(groups.num_stages)]
-    saved = [0.0 if groups.role(j) == "forward" else
-             sum(profile.layers[i].activation_bytes_per_token for i in groups.layers(j)) * profile.tokens_per_microbatch
-             for j in range(groups.num_stages)]
+    held = [held_microbatch_bytes(groups, j, profile) for j in range(groups.num_stages)]
+    return tuple(peak.bytes for peak in device_peak_walk(schedule, weights, held))
+
+
+def held_microbatch_bytes(groups, job: int, profile: Profile | None) -> float:
+    """One micro-batch of gradient job ``job`` from its R (the fused group's F) to its backward: its
+    uploaded input, what autograd saves through the group, and the input gradient it hands down, each
+    storage once, as the executor counts them (``pool_worker``). A profile's saved bytes already hold a
+    layer's input where the layer saves it (``bubbleless_partition`` counts every saved storage: a
+    transformer block's first norm saves its input), so the upload only adds the part of the input the
+    group's first layer does not keep; the gradient is a new tensor beside them. Forward jobs keep
+    nothing; without a profile nothing is known (0)."""
+    if profile is None or groups.role(job) == "forward":
+        return 0.0
+    tokens = profile.tokens_per_microbatch
+    layers = groups.layers(job)
+    saved = sum(profile.layers[i].activation_bytes_per_token for i in layers) * tokens
+    boundary = profile.layers[layers.start - 1].output_bytes_per_token * tokens if layers.start > 0 else 0.0
+    first_saved = profile.layers[layers.start].activation_bytes_per_token * tokens
+    return saved + max(0.0, boundary - first_saved) + boundary
+
+
+@dataclass(frozen=True)
+class DevicePeak:
+    """A device's peak: its bytes, the jobs whose weights it holds then, the (job, micro-batch) pairs held."""
+
+    bytes: float
+    jobs: tuple[int, ...] = ()
+    microbatches: tuple[tuple[int, int], ...] = ()
+
+
+def device_peak_walk(schedule: Schedule, weights, held_bytes) -> list[DevicePeak]:
+    """Per device, the peak of the walk over its actions (module docstring): ``weights[job]`` bytes for
+    each job resident, ``held_bytes[job]`` for each micro-batch of it held from R (the fused group's F)
+    to B or W. The one estimator of ``plan_peak_bytes`` and the pool's fit check (``pool_memory``)."""
+    groups = pool_groups(schedule)
     peaks = []
     for row in schedule.actions:
         order = list(dict.fromkeys(a.stage for a in row))
         rank = {job: index for index, job in enumerate(order)}
         last = {a.stage: position for position, a in enumerate(row)}
-        held, worst, current, started = {}, 0.0, 0, 0
+        held, worst, current, started = {}, DevicePeak(0.0), 0, 0
         for position, action in enumerate(row):
             while last[order[current]] < position:  # the oldest job not yet finished on the device
                 current += 1
             started = max(started, rank[action.stage])
-            resident = sum(weights[j] for j in order[current:max(started, current + 1) + 1])
+            resident = tuple(order[current:max(started, current + 1) + 1])
             key = (action.stage, action.microbatch)
             if action.kind is Kind.R or action.kind is Kind.F and groups.role(action.stage) == "last":
-                held[key] = saved[action.stage]
-            worst = max(worst, resident + sum(held.values()))
+                held[key] = held_bytes[action.stage]
+            total = sum(weights[j] for j in resident) + sum(held.values())
+            if total > worst.bytes:
+                worst = DevicePeak(total, resident, tuple(held))
             if action.kind in (Kind.B, Kind.W):
                 held.pop(key, None)
         peaks.append(worst)
-    return tuple(peaks)
+    return peaks
 
 
 def fits(schedule: Schedule, profile: Profile, device_budget: float | None) -> bool:
