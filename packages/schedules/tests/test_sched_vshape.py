@@ -101,7 +101,9 @@ def test_cool_down_keeps_each_rank_order_up_to_its_last_admissions():
         for row, script in zip(best.actions, scripts_before_last(p, m, best.actions, depth), strict=True):
             assert script.count("F0") == m - depth  # cut right before the first-chunk forward of m - depth
             assert len(script) < len(row)
-    for result in recooled(p, m, Costs.unit(), cap, 0.0, best, (1, 2, 4)):
+    results = list(recooled(p, m, Costs.unit(), cap, 0.0, best, (1, 2, 4)))
+    assert results  # a loop over nothing would pass
+    for result in results:
         assert result.peak_chunks <= cap
         assert sorted(map(str, sum(result.actions, ()))) == sorted(map(str, sum(best.actions, ())))
 
