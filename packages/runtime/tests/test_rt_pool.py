@@ -390,3 +390,57 @@ def test_rt_pool_on_a_gpu_moves_the_callers_micro_batches_and_matches_gradients(
     got = _grads(model)
     assert max(relative_error(got[n], want[n]) for n in want) <= 1e-4
     assert abs(float(loss) - float(want_loss)) <= 1e-4 * abs(float(want_loss))
+
+
+class _LogitsHead(nn.Module):
+    """An unfused LM head: a wide Linear whose output gradient (rows x 1000) W must not keep."""
+
+    def __init__(self, width: int = 8, vocab: int = 1000) -> None:
+        super().__init__()
+        self.proj = nn.Linear(width, vocab)
+
+    def forward(self, activation):
+        hidden, aux, _ = activation
+        return self.proj(hidden), aux
+
+
+def _logits_loss(output, target):
+    logits, aux = output
+    return nn.functional.mse_loss(logits[:, :target.shape[1]], target, reduction="sum") + 1e-3 * logits.pow(2).sum() \
+        + 0.01 * aux.sum()
+
+
+def test_rt_pool_split_backward_runs_an_unfused_head_outside_the_deferral():
+    """Without a fused head the last group's final module (the LM head) runs outside the split backward's
+    deferral, as the fused head does: after the last group's I what W keeps is the group's body only,
+    never the logits-sized gradient; the gradients are the unpipelined model's."""
+    from bubbleless_runtime import pool_worker
+    from bubbleless_schedules import Costs, Kind
+
+    def model():
+        torch.manual_seed(3)
+        return nn.Sequential(*tiny_model(7), _LogitsHead()).double().float()
+
+    costs = Costs([1.0] * 7 + [3.0], [1.2] * 7 + [3.0], [1.2] * 7 + [3.0], 0.1)
+    schedule = generate("roundrobin", num_ranks=2, num_microbatches=4, layer_costs=costs, split_backward=True,
+                        forward_stages=[3, 3], last_layers=2, backward_stages=[1, 1, 2, 2])
+    net, ref = model(), model()
+    pipe = RoundRobinPipeline(net, devices=["cpu", "cpu"], num_microbatches=4, loss_fn=_logits_loss, schedule=schedule,
+                              timeout=60)
+    held = []
+
+    def watched_i(worker, action, state):
+        pool_worker.backward_input(worker, action, state)
+        if pipe.groups.role(action.stage) == "last":
+            held.append(worker.deferred[(action.stage, action.microbatch)].held)
+
+    pipe.interpreter = pipe.interpreter.with_handler(Kind.I, watched_i)
+    inputs, targets = tiny_batch(8)
+    loss = pipe.step(inputs, targets)
+    logits_grad = 8 // 4 * 1000 * 4
+    assert len(held) == 4 and all(0 < h < logits_grad for h in held), held  # the body's Block linear only
+    want_loss, want = reference_grads(ref, inputs, targets, 4, loss_fn=_logits_loss)
+    got = {n: p.grad for n, p in net.named_parameters() if p.grad is not None}
+    assert set(got) == set(want)
+    assert max(relative_error(got[n], want[n]) for n in want) <= 1e-5
+    assert abs(float(loss) - float(want_loss)) <= 1e-5 * abs(float(want_loss))

@@ -15,9 +15,10 @@ run and dropped its graph, the noted storages still alive are what the queue hol
 and those bytes stay reserved until W runs the queue and drops it. This counts what W really holds,
 not an estimate, and needs nothing of ``split_backward`` but its public API.
 
-The fused head (``fused_head_backward``: LM head and loss forward and backward chunk by chunk) runs
-outside the deferral: queuing its weight gradient would keep every chunk's logit gradient until W,
-the full logits the chunking exists to avoid.
+The last group's last layer (the LM head) runs outside the deferral, fused (``fused_head_backward``: head
+and loss forward and backward chunk by chunk) or not: queuing its weight gradient would keep the logits'
+gradient (tokens x vocabulary) until W, which the plan's memory estimate does not count and the fused
+head's chunking exists to avoid.
 """
 
 from __future__ import annotations

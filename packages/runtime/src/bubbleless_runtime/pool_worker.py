@@ -230,10 +230,11 @@ class DeviceWorker:
         weights = [p for module in loaded.modules for p in module.parameters()]
         return SavedStorages(excluded=weights, device=self.device, on_save=on_save)
 
-    def _graph_forward(self, action: Action, activation, modules, saving: SavedStorages):
+    def _graph_forward(self, action: Action, activation, modules, saving: SavedStorages, *, defer: bool = True):
         """``modules`` over ``activation`` with a graph, what autograd saves counted by ``saving``. A
-        micro-batch whose backward is split runs them deferring its weight gradients (``pool_split``)."""
-        deferred = self.deferred.get((action.stage, action.microbatch))
+        micro-batch whose backward is split runs them deferring its weight gradients (``pool_split``),
+        unless ``defer`` is False (the LM head: its I computes its weight gradient at once)."""
+        deferred = self.deferred.get((action.stage, action.microbatch)) if defer else None
         with saving, deferred.deferral() if deferred is not None else contextlib.nullcontext():
             for module in modules:
                 activation = module(activation)
@@ -285,7 +286,9 @@ def forward(worker: DeviceWorker, action: Action, state: WorkerState) -> None:
 def forward_last(worker: DeviceWorker, action: Action, state: WorkerState) -> None:
     """The last group's forward and loss. When the loss offers ``fused_head_backward`` for the group's
     last layer (``CausalLMLoss`` with a ``HeadLayer``), the head and loss run forward and backward chunk
-    by chunk here, so the full logits never exist, and B continues from the head's input gradient."""
+    by chunk here, so the full logits never exist, and B continues from the head's input gradient.
+    Either way the group's last layer runs outside a split backward's deferral: its I computes the
+    head's weight gradient, so W never keeps the logits-sized output gradient."""
     j, m = action.stage, action.microbatch
     payloads = worker._wait(action, state)
     loaded = worker._job(j)
@@ -299,8 +302,8 @@ def forward_last(worker: DeviceWorker, action: Action, state: WorkerState) -> No
         saving = worker._saving(action, loaded, leaves, nbytes)
         body = worker._graph_forward(action, activation, modules[:-1], saving)
         result = None if fused is None else fused(modules[-1], body, target)
-        if result is None:
-            loss = loss_fn(worker._graph_forward(action, body, modules[-1:], saving), target)
+        if result is None:  # the head outside the deferral: its W would keep the logits-sized gradient
+            loss = loss_fn(worker._graph_forward(action, body, modules[-1:], saving, defer=False), target)
             roots, grads = (loss,), (None,)
         else:
             loss, grads = result
