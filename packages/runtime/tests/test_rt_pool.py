@@ -444,3 +444,25 @@ def test_rt_pool_split_backward_runs_an_unfused_head_outside_the_deferral():
     assert set(got) == set(want)
     assert max(relative_error(got[n], want[n]) for n in want) <= 1e-5
     assert abs(float(loss) - float(want_loss)) <= 1e-5 * abs(float(want_loss))
+
+
+def test_rt_pool_autocast_runs_without_the_cast_cache():
+    """The caller's autocast reaches the workers without its cast cache: one autocast spans the step, and
+    its cache would keep a low-precision copy of every weight used until the step ends, after the
+    weights' release and outside the budget."""
+    from bubbleless_runtime import pool_worker
+    from bubbleless_schedules import Kind
+
+    seen = []
+
+    def watched_f(worker, action, state):
+        seen.append((torch.is_autocast_enabled("cpu"), torch.is_autocast_cache_enabled()))
+        pool_worker.forward(worker, action, state)
+
+    pipe = RoundRobinPipeline(tiny_model(7), devices=["cpu", "cpu"], num_microbatches=4, loss_fn=tiny_loss,
+                              partition=PoolGroups((3, 3), 1, (3, 3)), timeout=60)
+    pipe.interpreter = pipe.interpreter.with_handler(Kind.F, watched_f)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = pipe.step(*tiny_batch(8))
+    assert torch.isfinite(loss)
+    assert seen and set(seen) == {(True, False)}, seen

@@ -394,6 +394,8 @@ def run_worker(worker: DeviceWorker, state: WorkerState, interpreter: Interprete
     torch.set_num_threads(torch.get_num_threads())
     context = contextlib.nullcontext()
     if autocast is not None:
-        context = torch.autocast(device_type=worker.device.type, dtype=autocast)
+        # No cast cache: it keeps a low-precision copy of every fp32 weight used until the context exits,
+        # here the whole step, outliving ``weights.release`` and uncounted by the budget.
+        context = torch.autocast(device_type=worker.device.type, dtype=autocast, cache_enabled=False)
     with context:
         interpreter.run(worker, worker.actions, state)
