@@ -22,10 +22,12 @@ Split backward (``split_backward``): True searches with every gradient job's B d
 (``roundrobin_dispatch``), False with B. None (the generator's default) searches with B, then dispatches
 the winner's cut and job split with I and W under every look-ahead; the list scheduler's best of those
 (W ends a job late, so a device may end the next job's early recompute first: allowed within two jobs'
-weights) is simulated and replaces the B plan only when it runs faster (B on a tie).
-So the default is never slower than B and costs a few dispatches, not a second search (two whole
-searches take ~2 s per call at the sizes of ``bench.schedules.roundrobin_table``; two at half budget
-each would fit but lose the guarantee, and gained 1-3% on four of its ten rows, lost 1% on two). A
+weights) is simulated and replaces the B plan only when it runs faster (B on a tie). When the B
+search finished with at least ``LEFTOVER_SEARCH`` of its budget unspent, a whole I/W search follows in
+what is left, within the weights the B plan holds, and its plan wins only when it simulates faster.
+So the default is never slower than B and costs at most one search's budget (two whole searches take
+~2 s per call at the sizes of ``bench.schedules.roundrobin_table``; two at half budget each would fit
+but lose the guarantee, and gained 1-3% on four of its ten rows, lost 1% on two). A
 search under I/W alone can be far worse than B: its own best unsplit plan sets a weight limit that may
 exclude the large fused group split over devices that B finds. I and W count as two actions against
 ``SEARCH_BUDGET``, so a split search dispatches about as much as a B one.
@@ -72,12 +74,15 @@ def dispatched(groups: PoolGroups, layer_costs: Costs, *, num_devices: int, num_
 
 def search(layer_costs: Costs, *, num_devices: int, num_microbatches: int, memory_limit: float | None,
            pinned: PoolGroups | None = None, ahead: int | None = None, weight_transfers: bool = True,
-           split_backward: bool | None = False, weight_limit: int | None = None) -> Schedule:
+           split_backward: bool | None = False, weight_limit: int | None = None,
+           budget: int | None = None) -> Schedule:
     """The fastest (cut, look-ahead) within ``memory_limit`` (see the module docstring): every cut with
     the first look-ahead, the ``FINALISTS`` best cuts also with the others and with the next job's
     recompute filling the current job's waits (``next_ahead``), ranked by the list scheduler's own
     makespan; the best ``FINALISTS`` of all are judged by the simulator, with transfers.
-    ``split_backward``: True I/W, False B, None the faster of the two for the winner (module docstring)."""
+    ``split_backward``: True I/W, False B, None the faster of the two for the winner (module docstring).
+    ``budget``: actions the list scheduler may dispatch (default ``SEARCH_BUDGET``)."""
+    budget = SEARCH_BUDGET if budget is None else budget
     cuts = [pinned] if pinned is not None else candidate_cuts(layer_costs)
     aheads = AHEADS if ahead is None else (ahead,)
     ranked, smallest_peak, spent = [], None, 0
@@ -113,7 +118,7 @@ def search(layer_costs: Costs, *, num_devices: int, num_microbatches: int, memor
         return (3 if searched else 2) * cut.num_stages * num_microbatches  # I and W are two actions
 
     for order in range(len(cuts)):
-        if order and spent + actions(cuts[order]) > SEARCH_BUDGET // 2:
+        if order and spent + actions(cuts[order]) > budget // 2:
             break  # large models: the first tapers' cuts only (they have many small jobs already)
         consider(order, aheads[0])
     ranked.sort(key=_rank)
@@ -140,7 +145,7 @@ def search(layer_costs: Costs, *, num_devices: int, num_microbatches: int, memor
             return consider(len(cuts) - 1, look, next_ahead)
 
         roundrobin_refine.refine(cuts[order], makespan, evaluate, actions_per_evaluation=actions,
-                                 budget=min(roundrobin_refine.ACTION_BUDGET, max(0, SEARCH_BUDGET - spent)))
+                                 budget=min(roundrobin_refine.ACTION_BUDGET, max(0, budget - spent)))
         ranked.sort(key=_rank)
     unsplit = ranked[0]
     if num_devices >= 2 and num_microbatches >= 2:  # then split jobs over devices, from the best unsplit plan
@@ -173,7 +178,18 @@ def search(layer_costs: Costs, *, num_devices: int, num_microbatches: int, memor
         if split:
             _, split_schedule, split_makespan = _fastest([min(split, key=_rank)], weight_transfers)
             if split_makespan < makespan - 1e-9:  # B on a tie
-                return split_schedule
+                schedule, makespan = split_schedule, split_makespan
+        if budget - spent >= LEFTOVER_SEARCH:  # B finished early: a whole I/W search in what is left
+            try:
+                searched_split = search(layer_costs, num_devices=num_devices, num_microbatches=num_microbatches,
+                                        memory_limit=memory_limit, pinned=pinned, ahead=ahead,
+                                        weight_transfers=weight_transfers, split_backward=True,
+                                        weight_limit=weight_cap, budget=budget - spent)
+            except ValueError:  # no cut within the limits under I/W
+                return schedule
+            if simulated_makespan(searched_split, job_costs(layer_costs, pool_groups(searched_split))) \
+                    < makespan - 1e-9:
+                return searched_split
     return schedule
 
 
@@ -225,6 +241,9 @@ def pacing_jobs(groups: PoolGroups, costs: Costs, num_microbatches: int) -> list
     heaviest = max(range(groups.num_stages), key=work.__getitem__)
     return ["last"] + ([heaviest] if heaviest != groups.last_stage else [])
 
+
+LEFTOVER_SEARCH = 20_000
+"""Actions left by the B search (``split_backward=None``) below which no whole I/W search follows it."""
 
 FINALISTS = 3
 """Cuts tried with every look-ahead, and candidates the simulator re-judges, after the ranking."""
