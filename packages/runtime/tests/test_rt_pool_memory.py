@@ -126,3 +126,40 @@ def test_rt_pool_memory_fit_check_counts_the_input_once_where_the_first_layer_sa
     # device 0: job 2 keeps 4 + the 6 input bytes layer 3 does not + its 10-byte gradient; device 1: job 3
     # keeps 30 + 20 (its input inside layer 1's 30) + its gradient
     assert peaks == [4 + 6 + 10, 30 + 20 + 10]
+
+
+class _ScaledBlock(nn.Module):
+    """Linear, times a buffer (which the product saves for its backward), then tanh."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(WIDTH, WIDTH)
+        self.register_buffer("scale", torch.linspace(0.5, 1.5, WIDTH))
+
+    def forward(self, x):
+        return torch.tanh(self.linear(x) * self.scale)
+
+
+def test_rt_pool_memory_a_saved_buffer_is_the_jobs_not_an_activation():
+    """A buffer autograd saves (a scale the product needs for its input gradient) belongs to the job's
+    weights, as a parameter does: a graph's budget grows by its input and the tanh output only."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[_ScaledBlock() for _ in range(3)])
+    grown = []
+
+    def watched(handler):
+        def run(worker, action, state):
+            before = worker.budget.used
+            handler(worker, action, state)
+            grown.append((action, worker.budget.used - before))
+        return run
+
+    pipe = RoundRobinPipeline(model, devices=["cpu", "cpu"], num_microbatches=M, partition=PoolGroups((2,), 1, (1, 1)),
+                              loss_fn=lambda out, target: nn.functional.mse_loss(out, target, reduction="sum"),
+                              timeout=60)
+    pipe.interpreter = POOL.with_handler(Kind.R, watched(POOL.handlers[Kind.R]))
+    pipe.step(torch.randn(ROWS, WIDTH), torch.randn(ROWS, WIDTH))
+    activation = ROWS // M * WIDTH * 4
+    graphs = {a: g for a, g in grown if a.kind is Kind.R}
+    assert len(graphs) == 2 * M, grown
+    assert graphs == {a: (2 if pipe.groups.layers(a.stage).start > 0 else 1) * activation for a in graphs}

@@ -209,8 +209,8 @@ class DeviceWorker:
 
     def _saving(self, action: Action, loaded, inputs, input_bytes: int) -> SavedStorages:
         """What micro-batch ``action``'s forward with a graph saves, reserved on the budget as autograd saves
-        it: each storage on this device once, the job's weights left out, and its input ``inputs`` not: an
-        uploaded one is reserved since its upload (``input_bytes``), the caller's batch is not the pool's.
+        it: each storage on this device once, the job's weights and buffers left out, and its input
+        ``inputs`` not: an uploaded one is reserved since its upload (``input_bytes``), the caller's batch is not the pool's.
         Every forward of the micro-batch runs inside it (``_graph_forward``); its bytes go back with B or I."""
         key = (action.stage, action.microbatch)
         self.reserved[key] = input_bytes
@@ -227,7 +227,7 @@ class DeviceWorker:
                 self.budget.reserve(added, what)
                 self.reserved[key] += added
 
-        weights = [p for module in loaded.modules for p in module.parameters()]
+        weights = [t for module in loaded.modules for t in (*module.parameters(), *module.buffers())]
         return SavedStorages(excluded=weights, device=self.device, on_save=on_save)
 
     def _graph_forward(self, action: Action, activation, modules, saving: SavedStorages, *, defer: bool = True):
