@@ -18,7 +18,8 @@ import time
 
 from bubbleless_schedules import Kind, generate, simulate
 from bubbleless_schedules.generators.roundrobin_cut import job_costs
-from bubbleless_schedules.roundrobin_layout import peak_weight_layers, pool_groups
+from bubbleless_schedules.generators.roundrobin_search import held_weights
+from bubbleless_schedules.roundrobin_layout import pool_groups
 from bubbleless_schedules.simulate_steady import steady_state
 
 from . import roundpipe_reference as rp
@@ -69,12 +70,18 @@ def rows(devices: int = DEVICES, microbatches=MICROBATCHES) -> list[dict]:
                 "backward": "I/W" if any(a.kind is Kind.W for _, _, a in ours.all_actions()) else "B",
                 "upload_slowdown": in_order.makespan / timeline.makespan,
                 "stream_slowdown": streamed.makespan / timeline.makespan, "stream_steady": streamed.steady_bubble,
-                "weights": max(peak_weight_layers(ours)), "rp_weights": max(peak_weight_layers(theirs_any.schedule)),
-                "wide": wide_span, "wide_weights": max(peak_weight_layers(wide)), "wide_uploads": _uploads(wide),
+                "weights": _held_layers(ours), "rp_weights": _held_layers(theirs_any.schedule),
+                "wide": wide_span, "wide_weights": _held_layers(wide), "wide_uploads": _uploads(wide),
                 "uploads": _uploads(ours), "rp_uploads": _uploads(theirs_any.schedule),
                 "layers": len(layer_costs.forward),
             })
     return found
+
+
+def _held_layers(schedule) -> int:
+    """The most layers of weights a device holds at once, counted as the pool prefetches and releases them
+    (``held_weights``: a device may end a later-started job first)."""
+    return held_weights(schedule)[1]
 
 
 def _uploads(schedule) -> int:
@@ -134,8 +141,8 @@ def section() -> str:
         "(`with_uploads`), ours regenerated under them, makespan over the compute-only one: LOAD in the "
         "compute order (the shared simulator) / on its own copy stream within two jobs' weights "
         "(`steady_state(load_stream=True)`); RoundPipe's own simulator models no uploads, so there is no "
-        "reference column for them. Peak weights = the most layers of weights a device holds at once (two "
-        "consecutive jobs); layers uploaded = per step, each job's layers once per device running part of it "
+        "reference column for them. Peak weights = the most layers of weights a device holds at once (at most two "
+        "jobs', as the pool prefetches and releases them: `held_weights`); layers uploaded = per step, each job's layers once per device running part of it "
         "(RoundPipe: per round). Ours keeps a split job within the weights its best unsplit plan holds "
         "(`weight_limit` default); 'no weight limit' = `weight_limit=num_layers`, where the simulator prefers "
         "a large fused group (little recompute) split over every device, holding most of the model's weights "
