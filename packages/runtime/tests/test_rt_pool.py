@@ -385,7 +385,12 @@ def test_rt_pool_on_a_gpu_moves_the_callers_micro_batches_and_matches_gradients(
     model, ref = tiny_model(7), tiny_model(7)
     inputs, targets = tiny_batch(8)
     pipe = _pool(model, CUTS["asymmetric"], devices=["cuda:0", "cuda:0"])
+    copies = _watch_layer0_copies(pipe)
     loss = pipe.step(inputs, targets)
+    layer0 = sum(a.microbatch is not None and pipe.groups.layers(a.stage).start == 0 and a.kind.name in ("F", "R")
+                 for row in pipe.schedule.actions for a in row)
+    assert copies == [8 // 4 * 8 * 4] * layer0  # each copy of a micro-batch counted, and given back below
+    assert all(w.budget.used == 0 for w in pipe.workers)
     want_loss, want = reference_grads(ref, inputs, targets, 4)
     got = _grads(model)
     assert max(relative_error(got[n], want[n]) for n in want) <= 1e-4
@@ -466,3 +471,34 @@ def test_rt_pool_autocast_runs_without_the_cast_cache():
         loss = pipe.step(*tiny_batch(8))
     assert torch.isfinite(loss)
     assert seen and set(seen) == {(True, False)}, seen
+
+
+def _watch_layer0_copies(pipe) -> list:
+    """Bytes each worker reserves for its copy of the caller's micro-batch (a layer-0 job's input)."""
+    copies = []
+    for worker in pipe.workers:
+        def reserve(nbytes, what, original=worker.budget.reserve):
+            if what.endswith("copy of the caller's micro-batch"):
+                copies.append(nbytes)
+            original(nbytes, what)
+        worker.budget.reserve = reserve
+    return copies
+
+
+def test_rt_pool_copies_of_the_callers_micro_batch_are_counted_off_cpu():
+    """A layer-0 job off the CPU copies the caller's micro-batch to its device: the copy is reserved on the
+    budget and its bytes returned (released as an upload's); a CPU device reads the batch as it is (0)."""
+    from types import SimpleNamespace
+
+    from bubbleless_offload import MemoryBudget
+    from bubbleless_runtime.pool_worker import DeviceWorker
+
+    batch = (torch.randn(2, 8), torch.zeros(2, dtype=torch.long))
+    meta = SimpleNamespace(device=torch.device("meta"), streams=SimpleNamespace(compute=None),
+                           budget=MemoryBudget(None, "meta"))
+    moved, nbytes = DeviceWorker._batch_on_device(meta, batch, "0F0's copy")
+    assert nbytes == 2 * 8 * 4 + 2 * 8 and meta.budget.used == nbytes
+    assert isinstance(moved, tuple) and all(t.device.type == "meta" for t in moved)
+    cpu = SimpleNamespace(device=torch.device("cpu"), streams=SimpleNamespace(compute=None),
+                          budget=MemoryBudget(None, "cpu"))
+    assert DeviceWorker._batch_on_device(cpu, batch, "0F0's copy") == (batch, 0) and cpu.budget.used == 0

@@ -75,7 +75,8 @@ WIDTH, ROWS = 16, 8
 def test_rt_pool_memory_an_uploaded_input_a_layer_saves_counts_once():
     """A job of one Linear + tanh holds its uploaded input (which the linear saves) and the tanh output
     it saves: the budget grows by exactly those two while its forward with a graph runs (R, the last F).
-    The job at layer 0 reads the caller's micro-batch, which is not the pool's to count: its tanh output only."""
+    The job at layer 0 on a CPU device reads the caller's micro-batch as it is (no copy to count): its
+    tanh output only."""
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.Tanh()) for _ in range(3)])
     grown = []

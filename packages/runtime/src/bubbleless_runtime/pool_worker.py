@@ -167,19 +167,24 @@ class DeviceWorker:
     def _input(self, action: Action, state: WorkerState, payloads: dict, at_layer: int):
         event = self.routes.input_event[action]
         if event is None:  # the job starts at layer 0: the caller's micro-batch, in host memory
-            return self._batch_on_device(state.step.inputs[action.microbatch]), 0
+            return self._batch_on_device(state.step.inputs[action.microbatch],
+                                        f"{action}'s copy of the caller's micro-batch")
         activation, nbytes = self._upload(payloads[event][at_layer], f"the input of {action}")
         state.step.board.read_done(event)
         return activation, nbytes
 
-    def _batch_on_device(self, batch):
+    def _batch_on_device(self, batch, what: str):
         """The caller's micro-batch (a tensor or a tuple of them) on this device, copied on the compute
-        stream so the job reads it after the copy; a CPU device uses it as it is."""
+        stream so the job reads it after the copy, and its bytes: the copy is the pool's, reserved on the
+        budget here and released as an upload is. A CPU device uses the batch as it is (0 bytes)."""
         if self.device.type == "cpu":
-            return batch
+            return batch, 0
+        tensors = as_tuple(batch)
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        self.budget.reserve(nbytes, what)
         with stream_context(self.streams.compute):
-            moved = tuple(t.to(self.device) for t in as_tuple(batch))
-        return moved if isinstance(batch, tuple) else moved[0]
+            moved = tuple(t.to(self.device) for t in tensors)
+        return (moved if isinstance(batch, tuple) else moved[0]), nbytes
 
     def _release_if_done(self, action: Action) -> None:
         if self.last_action[action.stage] == action and action.stage in self.loaded:
@@ -210,7 +215,8 @@ class DeviceWorker:
     def _saving(self, action: Action, loaded, inputs, input_bytes: int) -> SavedStorages:
         """What micro-batch ``action``'s forward with a graph saves, reserved on the budget as autograd saves
         it: each storage on this device once, the job's weights and buffers left out, and its input
-        ``inputs`` not: an uploaded one is reserved since its upload (``input_bytes``), the caller's batch is not the pool's.
+        ``inputs`` not: it is reserved since its upload, or its copy of the caller's micro-batch at layer 0
+        (``input_bytes``; 0 on a CPU device, which reads the caller's batch as it is).
         Every forward of the micro-batch runs inside it (``_graph_forward``); its bytes go back with B or I."""
         key = (action.stage, action.microbatch)
         self.reserved[key] = input_bytes
