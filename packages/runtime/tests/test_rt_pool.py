@@ -502,3 +502,16 @@ def test_rt_pool_copies_of_the_callers_micro_batch_are_counted_off_cpu():
     cpu = SimpleNamespace(device=torch.device("cpu"), streams=SimpleNamespace(compute=None),
                           budget=MemoryBudget(None, "cpu"))
     assert DeviceWorker._batch_on_device(cpu, batch, "0F0's copy") == (batch, 0) and cpu.budget.used == 0
+
+
+def test_rt_pool_an_i_without_its_deferred_forward_is_a_clear_error():
+    """I with nothing deferred for it on the device (its forward with a graph ran elsewhere, or not yet)
+    says which action and what to put first, as W does, instead of a bare KeyError."""
+    from types import SimpleNamespace
+
+    from bubbleless_runtime import pool_worker
+    from bubbleless_schedules import Action, Kind
+
+    worker = SimpleNamespace(name="device 1", deferred={})
+    with pytest.raises(ValueError, match=r"device 1: 3I0 runs without a forward with a graph of job 3 micro-batch 0"):
+        pool_worker.backward_input(worker, Action(3, Kind.I, 0), state=None)

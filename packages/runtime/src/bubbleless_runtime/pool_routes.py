@@ -45,7 +45,7 @@ class Routes:
     """Board event -> how many actions read its payload (it is dropped after the last)."""
     produces: dict[Action, tuple]
     """The events an action posts when it ends (the layout's ``produces``); its payload goes with the first."""
-    split: frozenset[tuple[int, int]]
+    split_backward: frozenset[tuple[int, int]]
     """(job, micro-batch) whose backward runs as I then W: its forward (R, or the last group's F) defers
     the weight gradients of its linear layers (``pool_split``)."""
 
@@ -58,7 +58,7 @@ def routes_of(schedule: Schedule) -> Routes:
     for j in range(groups.last_stage):
         layers = groups.layers(j)
         saves[j] = tuple(b for b in sorted(starts | {layers.stop}) if layers.start < b <= layers.stop)
-    waits, input_event, grad_event, readers, produces, split = {}, {}, {}, {}, {}, set()
+    waits, input_event, grad_event, readers, produces, split_backward = {}, {}, {}, {}, {}, set()
     needs_input_grad = {j: False for j in range(groups.last_stage, groups.num_stages)}
     for worker in schedule.actions:
         for action in worker:
@@ -71,7 +71,7 @@ def routes_of(schedule: Schedule) -> Routes:
                 if forward:
                     readers[forward[0]] = readers.get(forward[0], 0) + 1
             if action.kind is Kind.I:
-                split.add((action.stage, action.microbatch))
+                split_backward.add((action.stage, action.microbatch))
             if action.kind in (Kind.B, Kind.I):
                 gradient = [e for e in required if e[0] == "G"]
                 grad_event[action] = gradient[0] if gradient else None
@@ -79,4 +79,4 @@ def routes_of(schedule: Schedule) -> Routes:
                     needs_input_grad[gradient[0][1]] = True
                     readers[gradient[0]] = readers.get(gradient[0], 0) + 1
     return Routes(groups, waits, input_event, grad_event, saves, needs_input_grad, readers, produces,
-                  frozenset(split))
+                  frozenset(split_backward))

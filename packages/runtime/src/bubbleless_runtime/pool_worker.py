@@ -221,7 +221,7 @@ class DeviceWorker:
         key = (action.stage, action.microbatch)
         self.reserved[key] = input_bytes
         given = {t.untyped_storage().data_ptr() for t in inputs}
-        deferred = self.deferred.setdefault(key, Deferred()) if key in self.routes.split else None
+        deferred = self.deferred.setdefault(key, Deferred()) if key in self.routes.split_backward else None
         what = f"the activations {action} saves for its backward"
 
         def on_save(t: torch.Tensor, added: int) -> None:
@@ -350,8 +350,13 @@ def backward(worker: DeviceWorker, action: Action, state: WorkerState) -> None:
 
 def backward_input(worker: DeviceWorker, action: Action, state: WorkerState) -> None:
     """I: B without the deferred weight gradients; what they keep stays counted on the budget until W."""
+    key = (action.stage, action.microbatch)
+    if key not in worker.deferred:
+        raise ValueError(f"{worker.name}: {action} runs without a forward with a graph of job {action.stage} "
+                         f"micro-batch {action.microbatch} before it on this device (its R, or the last group's F, "
+                         "defers the weight gradients I leaves to W); put that forward first")
     backward(worker, action, state)  # returns with the graph and its tensors dropped: only W's are alive
-    worker.deferred[(action.stage, action.microbatch)].hold(worker.budget, f"the tensors {action} keeps for W")
+    worker.deferred[key].hold(worker.budget, f"the tensors {action} keeps for W")
 
 
 def backward_weight(worker: DeviceWorker, action: Action, state: WorkerState) -> None:
