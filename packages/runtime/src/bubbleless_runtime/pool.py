@@ -162,7 +162,8 @@ class RoundRobinPipeline:
             if self.profile.num_layers != num_layers:
                 raise ValueError(f"the profile has {self.profile.num_layers} layers but the model has {num_layers}")
             bandwidth = pool_plan.copy_bandwidth(self.devices[0])
-            cap = None if self.memory_budget is None else self.memory_budget / 2  # two jobs' weights at once
+            # auto_groups holds the plan to 2 x cap = the budget, over the walk check_fits makes below
+            cap = None if self.memory_budget is None else self.memory_budget / 2
             groups, generated, self.stage_costs = pool_plan.auto_groups(
                 self.profile, num_devices=num_devices, num_microbatches=self.num_microbatches, name=schedule,
                 options=options, bandwidth=bandwidth, memory_cap=cap)
