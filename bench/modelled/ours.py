@@ -54,9 +54,9 @@ simulated step is shortest among those that fit the GPU. Assumptions:
 - peak memory per GPU: ``pool_plan.plan_peak_bytes`` of the plan (walking each GPU's actions: the
   weights of the jobs it holds at once, the current and the prefetched, a split job's on each of its
   GPUs; the saved activations of every micro-batch recomputed and not yet backpropagated there, two or
-  more when the plan recomputes ahead or defers W), plus one loss chunk and the hidden-state buffers in
-  and out. ``auto_groups`` refuses every plan whose ``plan_peak_bytes`` is over the GPU's usable bytes
-  less those two, so the peak reported is the one the plan was chosen under.
+  more when the plan recomputes ahead or defers W, each with its uploaded input and the gradient it
+  hands down), plus one loss chunk. ``auto_groups`` refuses every plan whose ``plan_peak_bytes`` is over
+  the GPU's usable bytes less the chunk, so the peak reported is the one the plan was chosen under.
   The longest sequence assumes the cut a long-sequence user would pick: one layer per group.
 - the cut: ``auto_groups``; where none of its plans fits (the 235B MoE's 5 GB layers on a 24 GB GPU:
   the generator's candidate cuts pack several layers per forward group), the smallest count of backward
@@ -217,9 +217,8 @@ def _pool_plan_at(point: Point, microbatches: int):
     prof = profile_of(point, loss_chunk_tokens=LOSS_CHUNK_TOKENS).with_(host_bandwidth=bandwidth)
     tokens = point.seq_len * point.micro_batch
     # cut()'s cap is per group; a GPU holds two (auto_groups holds every plan to 2 x cap per GPU, counted by
-    # plan_peak_bytes), besides the loss chunk and the hidden-state buffers no layer owns.
-    cap = (usable_bytes(point.hardware) - logits_bytes(point, tokens, LOSS_CHUNK_TOKENS)
-           - 2 * hidden_bytes(point, tokens)) / 2
+    # plan_peak_bytes with each held micro-batch's input and handed-down gradient), besides the loss chunk.
+    cap = (usable_bytes(point.hardware) - logits_bytes(point, tokens, LOSS_CHUNK_TOKENS)) / 2
     try:
         groups, schedule, costs = auto_groups(
             prof, num_devices=point.gpus, num_microbatches=microbatches, name="roundrobin", options={},
@@ -230,8 +229,7 @@ def _pool_plan_at(point: Point, microbatches: int):
     hand_off_ms = 2 * hidden_bytes(point, point.seq_len * point.micro_batch) / (bandwidth * 1e6)
     costs = replace(costs, comm=hand_off_ms)
     timeline = simulate(schedule, costs)
-    peak = (max(plan_peak_bytes(schedule, prof)) + logits_bytes(point, tokens, LOSS_CHUNK_TOKENS)
-            + 2 * hidden_bytes(point, tokens))
+    peak = max(plan_peak_bytes(schedule, prof)) + logits_bytes(point, tokens, LOSS_CHUNK_TOKENS)
     loads = sum(costs.load[a.stage] if a.kind is Kind.LOAD else costs.store[a.stage]
                 for _, _, a in schedule.all_actions() if a.kind in (Kind.LOAD, Kind.STORE))  # a split job's on each GPU
     last = groups.last_stage
