@@ -72,13 +72,9 @@ def test_rt_pool_memory_saved_outputs_die_with_their_graph_even_when_a_step_fail
 WIDTH, ROWS = 16, 8
 
 
-def test_rt_pool_memory_an_uploaded_input_a_layer_saves_counts_once():
-    """A job of one Linear + tanh holds its uploaded input (which the linear saves) and the tanh output
-    it saves: the budget grows by exactly those two while its forward with a graph runs (R, the last F).
-    The job at layer 0 on a CPU device reads the caller's micro-batch as it is (no copy to count): its
-    tanh output only."""
-    torch.manual_seed(0)
-    model = nn.Sequential(*[nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.Tanh()) for _ in range(3)])
+def _budget_growth_per_action(model, kinds):
+    """One step of ``model`` on two CPU devices (groups 2 / 1 / 1, 1), recording how much each action of
+    ``kinds`` grew its device's budget: (the pipeline, [(action, bytes)])."""
     grown = []
 
     def watched(handler):
@@ -91,9 +87,22 @@ def test_rt_pool_memory_an_uploaded_input_a_layer_saves_counts_once():
     pipe = RoundRobinPipeline(model, devices=["cpu", "cpu"], num_microbatches=M, partition=PoolGroups((2,), 1, (1, 1)),
                               loss_fn=lambda out, target: nn.functional.mse_loss(out, target, reduction="sum"),
                               timeout=60)
-    pipe.interpreter = POOL.with_handler(Kind.R, watched(POOL.handlers[Kind.R]))
-    pipe.interpreter = pipe.interpreter.with_handler(Kind.F, watched(POOL.handlers[Kind.F]))
+    interpreter = POOL
+    for kind in kinds:
+        interpreter = interpreter.with_handler(kind, watched(POOL.handlers[kind]))
+    pipe.interpreter = interpreter
     pipe.step(torch.randn(ROWS, WIDTH), torch.randn(ROWS, WIDTH))
+    return pipe, grown
+
+
+def test_rt_pool_memory_an_uploaded_input_a_layer_saves_counts_once():
+    """A job of one Linear + tanh holds its uploaded input (which the linear saves) and the tanh output
+    it saves: the budget grows by exactly those two while its forward with a graph runs (R, the last F).
+    The job at layer 0 on a CPU device reads the caller's micro-batch as it is (no copy to count): its
+    tanh output only."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.Tanh()) for _ in range(3)])
+    pipe, grown = _budget_growth_per_action(model, (Kind.R, Kind.F))
     activation = ROWS // M * WIDTH * 4  # one micro-batch's float32 activation, in bytes
     groups = pipe.groups
     graphs = {a: g for a, g in grown if a.kind is Kind.R or groups.role(a.stage) == "last"}
@@ -146,20 +155,7 @@ def test_rt_pool_memory_a_saved_buffer_is_the_jobs_not_an_activation():
     weights, as a parameter does: a graph's budget grows by its input and the tanh output only."""
     torch.manual_seed(0)
     model = nn.Sequential(*[_ScaledBlock() for _ in range(3)])
-    grown = []
-
-    def watched(handler):
-        def run(worker, action, state):
-            before = worker.budget.used
-            handler(worker, action, state)
-            grown.append((action, worker.budget.used - before))
-        return run
-
-    pipe = RoundRobinPipeline(model, devices=["cpu", "cpu"], num_microbatches=M, partition=PoolGroups((2,), 1, (1, 1)),
-                              loss_fn=lambda out, target: nn.functional.mse_loss(out, target, reduction="sum"),
-                              timeout=60)
-    pipe.interpreter = POOL.with_handler(Kind.R, watched(POOL.handlers[Kind.R]))
-    pipe.step(torch.randn(ROWS, WIDTH), torch.randn(ROWS, WIDTH))
+    pipe, grown = _budget_growth_per_action(model, (Kind.R,))
     activation = ROWS // M * WIDTH * 4
     graphs = {a: g for a, g in grown if a.kind is Kind.R}
     assert len(graphs) == 2 * M, grown
