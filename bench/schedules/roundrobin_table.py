@@ -18,8 +18,7 @@ import time
 
 from bubbleless_schedules import Kind, generate, simulate
 from bubbleless_schedules.generators.roundrobin_cut import job_costs
-from bubbleless_schedules.generators.roundrobin_search import held_weights
-from bubbleless_schedules.roundrobin_layout import pool_groups
+from bubbleless_schedules.roundrobin_layout import held_weights, pool_groups
 from bubbleless_schedules.simulate_steady import steady_state
 
 from . import roundpipe_reference as rp

@@ -153,15 +153,42 @@ def pool_groups(schedule) -> PoolGroups:
 
 
 def peak_weight_layers(schedule) -> tuple[int, ...]:
-    """Per device, the most layers of weights resident at once if each job's weights are prefetched
-    while the previous job runs (two consecutive jobs on the device)."""
+    """Per device, the most layers of weights resident at once under the pool's rule (``held_weights``):
+    with every job ending in the order it started, two consecutive jobs."""
     groups = pool_groups(schedule)
-    peaks = []
-    for actions in schedule.actions:
-        jobs = list(dict.fromkeys(a.stage for a in actions))
-        sizes = [len(groups.layers(j)) for j in jobs]
-        peaks.append(max([a + b for a, b in zip(sizes, sizes[1:], strict=False)] + sizes + [0]))
-    return tuple(peaks)
+    size = {job: len(groups.layers(job)) for job in range(groups.num_stages)}
+    return tuple(_held_on_device(row, size)[1] for row in schedule.actions)
+
+
+def held_weights(schedule) -> tuple[int, int]:
+    """(most jobs, most layers) whose weights a device holds at once under the pool's rule
+    (``pool_worker._prefetch``): a job's weights arrive at its first action, or earlier as the prefetch of
+    the device's next unstarted job while fewer than two jobs are open, and go after its last action, in
+    whatever order the device ends its jobs. More than two jobs means the pool would load a third (and
+    ``steady_state(load_stream=True)`` would deadlock), so the generator refuses such an order."""
+    groups = pool_groups(schedule)
+    size = {job: len(groups.layers(job)) for job in range(groups.num_stages)}
+    held = [_held_on_device(row, size) for row in schedule.actions]
+    return max((jobs for jobs, _ in held), default=0), max((layers for _, layers in held), default=0)
+
+
+def _held_on_device(row, size: dict[int, int]) -> tuple[int, int]:
+    """(most jobs, most layers) one device's order holds at once (``held_weights``' rule)."""
+    last = {a.stage: position for position, a in enumerate(row)}
+    first = {a.stage: position for position, a in reversed(list(enumerate(row)))}
+    starts = sorted(first, key=first.__getitem__)  # the device's jobs in the order it starts them
+    open_jobs, started, most_jobs, most_layers = set(), 0, 0, 0
+    for position in sorted({*first.values(), *last.values()}):  # only a job's ends change what is held
+        job = row[position].stage
+        if position == first[job]:
+            open_jobs.add(job)
+            started += 1
+        prefetched = starts[started:started + 1] if len(open_jobs) < 2 else []
+        most_jobs = max(most_jobs, len(open_jobs))
+        most_layers = max(most_layers, sum(size[j] for j in [*open_jobs, *prefetched]))
+        if position == last[job]:
+            open_jobs.discard(job)
+    return most_jobs, most_layers
 
 
 _ROLE_KINDS = {"forward": (Kind.F,), "last": (Kind.F, Kind.B), "backward": (Kind.R, Kind.B)}

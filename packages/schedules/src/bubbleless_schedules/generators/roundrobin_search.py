@@ -39,7 +39,7 @@ import math
 
 from ..costs import Costs
 from ..lowering import add_weight_transfers
-from ..roundrobin_layout import PoolGroups, pool_groups
+from ..roundrobin_layout import PoolGroups, held_weights, pool_groups
 from ..schedule import Schedule
 from ..simulate import peak_memory, simulated_makespan
 from . import roundrobin_refine
@@ -258,30 +258,3 @@ def _rank(entry) -> tuple:
     """Makespan first, then the candidate's order and variant (a split's job may be "last" or an index)."""
     makespan, order, (look, next_ahead, split_job) = entry[:3]
     return makespan, order, look, next_ahead, tuple(str(x) for x in split_job)
-
-
-def held_weights(schedule: Schedule) -> tuple[int, int]:
-    """(most jobs, most layers) whose weights a device holds at once under the pool's rule
-    (``pool_worker._prefetch``): a job's weights arrive at its first action, or earlier as the prefetch of
-    the device's next unstarted job while fewer than two jobs are open, and go after its last action, in
-    whatever order the device ends its jobs. More than two jobs means the pool would load a third (and
-    ``steady_state(load_stream=True)`` would deadlock), so such an order is refused."""
-    groups = pool_groups(schedule)
-    size = {job: len(groups.layers(job)) for job in range(groups.num_stages)}
-    most_jobs = most_layers = 0
-    for row in schedule.actions:
-        last = {a.stage: position for position, a in enumerate(row)}
-        first = {a.stage: position for position, a in reversed(list(enumerate(row)))}
-        starts = sorted(first, key=first.__getitem__)  # the device's jobs in the order it starts them
-        open_jobs, started = set(), 0
-        for position in sorted({*first.values(), *last.values()}):  # only a job's ends change what is held
-            job = row[position].stage
-            if position == first[job]:
-                open_jobs.add(job)
-                started += 1
-            prefetched = starts[started:started + 1] if len(open_jobs) < 2 else []
-            most_jobs = max(most_jobs, len(open_jobs))
-            most_layers = max(most_layers, sum(size[j] for j in [*open_jobs, *prefetched]))
-            if position == last[job]:
-                open_jobs.discard(job)
-    return most_jobs, most_layers
