@@ -88,7 +88,7 @@ def device_peak_walk(schedule: Schedule, weights, held_bytes) -> list[DevicePeak
             started = max(started, rank[action.stage])
             resident = tuple(order[current:max(started, current + 1) + 1])
             key = (action.stage, action.microbatch)
-            if action.kind is Kind.R or action.kind is Kind.F and groups.role(action.stage) == "last":
+            if action.kind is Kind.R or (action.kind is Kind.F and groups.role(action.stage) == "last"):
                 held[key] = held_bytes[action.stage]
             total = sum(weights[j] for j in resident) + sum(held.values())
             if total > worst.bytes:
@@ -100,6 +100,7 @@ def device_peak_walk(schedule: Schedule, weights, held_bytes) -> list[DevicePeak
 
 
 def fits(schedule: Schedule, profile: Profile, device_budget: float | None) -> bool:
+    """Whether no device of ``schedule`` holds more than ``device_budget`` bytes (None: any plan fits)."""
     return device_budget is None or max(plan_peak_bytes(schedule, profile)) <= device_budget * (1 + 1e-12)
 
 
