@@ -10,8 +10,7 @@ views of them left out. So the layer profile that plans a cut (``activation_byte
 bytes tests/test_rt_memory.py bounds the executor by are the same count. Here it spans a whole step or
 more, every device, and only this thread's autograd.
 
-The pool's device budget (``pool_worker``) counts the same storages its own way, per forward and on its
-device only.
+The pool's device budget (``pool_worker``) uses the same counter per forward, on its device only.
 """
 
 from __future__ import annotations
