@@ -27,24 +27,20 @@ import weakref
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F  # noqa: N812
 
 from .split_backward import WeightGradQueue, defer_weight_grads, run_weight_grads
 
 
 class _NotingDeferral(defer_weight_grads):
-    """``defer_weight_grads`` that also notes the gradient reaching each linear's output (the ``g`` a
-    queued weight gradient keeps), for ``Deferred.hold``."""
+    """``defer_weight_grads`` that also notes the gradient reaching each deferred linear's output (the
+    ``g`` a queued weight gradient keeps), for ``Deferred.hold``."""
 
     def __init__(self, deferred: Deferred) -> None:
         super().__init__(deferred.queue)
         self.deferred = deferred
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = super().__torch_function__(func, types, args, kwargs)
-        if func is F.linear and isinstance(out, torch.Tensor) and out.requires_grad:
-            out.register_hook(self.deferred.note)
-        return out
+    def keeps(self, grad_out: torch.Tensor) -> None:
+        self.deferred.note(grad_out)
 
 
 @dataclass(eq=False)
