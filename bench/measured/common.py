@@ -4,6 +4,12 @@ Memory on CPU: every system is measured by the same yardstick, the growth of the
 resident set (``ru_maxrss``) over its resident set when the worker started (torch imported, no model
 built), the most over the system's processes. Round-robin also reports its executor's own device
 accounting (``MemoryBudget.peak``), which counts only what it places on a device.
+
+Load from other processes: each timed step also records the run-queue wait of this process's threads
+(``/proc/self/task/*/schedstat``, second field: nanoseconds a thread was runnable but another had the
+core), the most of any one thread (``wait_s``), and the CPU time of all of them (``cpu_s``). On a shared
+machine the wait is time the step lost to whatever else ran, which no cost model prices; the calibration
+(bench/measured/calibration.py) reports the step with and without it.
 """
 
 from __future__ import annotations
@@ -25,24 +31,54 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def thread_schedstats() -> dict[str, tuple[int, int]]:
+    """Thread id -> (CPU ns, run-queue wait ns) for every thread of this process; {} where Linux's
+    schedstat is not there."""
+    out = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                cpu, wait = f.read().split()[:2]
+        except (OSError, ValueError):
+            continue  # a thread that ended meanwhile
+        out[tid] = (int(cpu), int(wait))
+    return out
+
+
+def schedstat_delta(before: dict, after: dict) -> tuple[float, float]:
+    """(CPU seconds of all threads, the longest run-queue wait of one thread, seconds) between two
+    ``thread_schedstats``; a thread born meanwhile counts from zero."""
+    deltas = [(c - before.get(t, (0, 0))[0], w - before.get(t, (0, 0))[1]) for t, (c, w) in after.items()]
+    return sum(c for c, _ in deltas) / 1e9, max((w for _, w in deltas), default=0) / 1e9
+
+
 def barrier() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
 
 
 def timed_steps(step, *, steps: int, warmup: int) -> dict:
-    """Run ``step(i)`` for ``warmup + steps`` steps between barriers; losses of every step, times of the timed."""
-    losses, times = [], []
+    """Run ``step(i)`` for ``warmup + steps`` steps between barriers; losses of every step, and of the timed
+    ones the wall time, this process's CPU time and its longest thread's run-queue wait (module docstring)."""
+    losses, times, cpu, wait = [], [], [], []
     for i in range(warmup + steps):
         barrier()
+        before = thread_schedstats()
         start = time.perf_counter()
         loss = step(i)
         barrier()
         elapsed = time.perf_counter() - start
+        cpu_s, wait_s = schedstat_delta(before, thread_schedstats())
         losses.append(loss)
         if i >= warmup:
             times.append(elapsed)
-    return {"losses": losses, "times": times}
+            cpu.append(cpu_s)
+            wait.append(wait_s)
+    return {"losses": losses, "times": times, "cpu_s": cpu, "wait_s": wait}
 
 
 def all_reduce_sum(value: float) -> float:

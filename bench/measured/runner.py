@@ -60,6 +60,9 @@ def run_system(scenario: Scenario, system: str, *, steps: int, warmup: int, seq_
     for key in ("device_peak_bytes", "optimizer"):
         if key in per_rank[0]:
             out[key] = per_rank[0][key]
+    if all("wait_s" in r for r in per_rank):  # per timed step: the longest wait of any rank, all ranks' CPU
+        out["wait_s"] = [max(w) for w in zip(*(r["wait_s"] for r in per_rank), strict=True)]
+        out["cpu_s"] = [sum(c) for c in zip(*(r["cpu_s"] for r in per_rank), strict=True)]
     return out
 
 
@@ -128,7 +131,22 @@ def merge(scenario: Scenario, runs: list[dict]) -> dict:
     for key in ("device_peak_bytes", "optimizer"):
         if key in first:
             out[key] = first[key]
+    if all("wait_s" in r for r in good):
+        out.update(_load_free(scenario, good))
     return out
+
+
+def _load_free(scenario: Scenario, good: list[dict]) -> dict:
+    """The steps' run-queue waits (bench/measured/common.py) and the tokens/s of the steps less them: a
+    step that waited ``w`` of its ``t`` seconds for a core would have taken at least ``t - w`` unloaded (the
+    longest wait of one thread of one rank; waits on several ranks that add up are not subtracted)."""
+    pairs = [(t, w) for r in good for t, w in zip(r["times"], r["wait_s"], strict=True)]
+    return {
+        "wait_s": statistics.median(w for _, w in pairs),
+        "cpu_s": statistics.median(c for r in good for c in r["cpu_s"]),
+        "wait_share": statistics.median(w / t for t, w in pairs),
+        "tokens_per_s_less_wait": statistics.median(scenario.tokens_per_step / max(t - w, 1e-9) for t, w in pairs),
+    }
 
 
 PROBE_MICROBATCHES_PER_WORKER = 2

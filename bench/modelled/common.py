@@ -20,6 +20,11 @@ Assumptions written once (every system uses them):
   fp32 copy and its fp32 gradient (10 bytes: what ``logits.float()`` then ``cross_entropy`` hold at the
   backward's peak in Hugging Face models); a chunked loss holds that for one chunk only.
 - **Attention** is fused (flash): memory linear in the sequence, FLOPs quadratic.
+- **Small ops.** A hardware profile that carries measured small-op rates (``cpu_ops.CpuHardware``: the
+  ``cpu`` profile ``bench/model.py --measure-cpu`` writes) is priced with them (``small_op_profile``):
+  each matrix multiply pass at its own measured rate, attention at its measured rate, and the norms,
+  activation, residual adds, the loss and the untimed ops' dispatch that the analytic profile leaves out.
+  Every other profile (every GPU) keeps the analytic profile's prices as they are.
 """
 
 from __future__ import annotations
@@ -28,6 +33,16 @@ import math
 from dataclasses import dataclass, field, replace
 
 from bubbleless_partition import Hardware, LayerCost, Profile, TransformerShape, analytic_profile
+from bubbleless_partition.analytic import LOGIT_BYTES, LOSS_PASSES
+
+from .cpu_ops import (
+    BACKWARD_ELEMENTWISE,
+    NORM_BYTES_PER_TOKEN,
+    OTHER_OPS_PER_LAYER,
+    CpuHardware,
+    SmallOps,
+    elementwise_bytes_per_token,
+)
 
 HEADROOM = 0.10
 """Share of device memory left to the allocator (fragmentation, transient buffers)."""
@@ -123,9 +138,47 @@ def profile_of(point: Point, *, loss_chunk_tokens: int | None, seq_len: int | No
     hw = point.hardware.for_dtype(point.precision)
     prof = analytic_profile(point.shape, hw, seq_len=seq_len or point.seq_len, micro_batch_size=point.micro_batch,
                             dtype_bytes=point.dtype_bytes, loss_chunk_tokens=loss_chunk_tokens)
+    if isinstance(hw, CpuHardware):
+        prof = small_op_profile(prof, point, hw.small_ops, seq_len=seq_len or point.seq_len)
     if point.lora_rank is None:
         return prof
     return prof.with_(layers=tuple(replace(layer, weight_grad=0.0) for layer in prof.layers))
+
+
+def small_op_profile(prof: Profile, point: Point, ops: SmallOps, *, seq_len: int) -> Profile:
+    """``prof`` with its decoder layers and LM head priced at the measured small-op rates (the module
+    docstring; ``cpu_ops`` says how each rate is measured); the embedding keeps its memory-bound price.
+
+    A decoder layer: F = its matrix multiplies at the forward GEMM rate + attention at the forward attention
+    rate + its memory-bound bytes at the forward elementwise rate + half the untimed ops' overhead; I = the
+    same at the backward rates (attention and elementwise backward counted twice the forward) + the other
+    half; W = its matrix multiplies at the weight-gradient rate. The head: its vocabulary projection at the
+    three GEMM rates, the loss bytes (the analytic count) at the loss rates and its norm at the elementwise.
+    """
+    s, d = point.shape, point.dtype_bytes
+    tokens = prof.tokens_per_microbatch
+    (gf, gi, gw), (af, ab), (ef, eb), (lf, lb) = ((r * 1e9 for r in rates) for rates in (
+        ops.gemm_tflops, ops.attention_tflops, (ops.elementwise_gb_s[0] / 1e3, ops.elementwise_gb_s[1] / 1e3),
+        (ops.loss_gb_s[0] / 1e3, ops.loss_gb_s[1] / 1e3)))  # FLOPs or bytes per ms
+    matmul = 2 * (s.attention_params() + s.mlp_params()[1]) * tokens
+    attention = 2 * s.heads * s.dim * seq_len * tokens
+    memory = tokens * elementwise_bytes_per_token(s.hidden, s.active_mlp_width(), d)
+    dispatch = OTHER_OPS_PER_LAYER * ops.op_overhead_s * 1e3 / 2
+    decoder = {"forward": matmul / gf + attention / af + memory / ef + dispatch,
+               "input_grad": matmul / gi + 2 * attention / ab + BACKWARD_ELEMENTWISE * memory / eb + dispatch,
+               "weight_grad": matmul / gw}
+    head_matmul = 2 * s.hidden * s.vocab * tokens
+    loss = tokens * s.vocab * LOGIT_BYTES * LOSS_PASSES
+    norm = tokens * NORM_BYTES_PER_TOKEN * s.hidden * d
+    head = {"forward": head_matmul / gf + loss / lf + norm / ef,
+            "input_grad": head_matmul / gi + loss / lb + BACKWARD_ELEMENTWISE * norm / eb,
+            "weight_grad": head_matmul / gw}
+    if len(prof.layers) != s.num_layers + 2:
+        raise ValueError(f"small-op pricing needs the head whole (one lm_head layer), got {len(prof.layers)} layers")
+    priced = [prof.layers[0]]
+    priced += [replace(layer, **decoder, recompute=decoder["forward"]) for layer in prof.layers[1:-1]]
+    priced.append(replace(prof.layers[-1], **head, recompute=head["forward"]))
+    return prof.with_(layers=tuple(priced))
 
 
 def trainable_params(point: Point) -> float:

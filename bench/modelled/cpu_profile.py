@@ -14,7 +14,11 @@ CPU, what the pool's LOAD costs here), and ``torch.optim.AdamW`` steps per secon
 tensor, with torch's default kernel and with its fused CPU kernel (what ``HostOptimizer`` runs; priced as
 the profile's fused CPU-Adam). Not measured, and said so in the sources: peak FLOP/s (set to the
 sustained figure).
-A few seconds on one core; run it on a quiet machine.
+Besides, the small-op rates of ``cpu_ops`` at the same sizes (the GEMM per pass, attention, norms and
+adds, the loss, per-op dispatch), written beside the profile (``cpu_ops.yaml``) and priced by
+``common.profile_of``. Every timing is the timing thread's CPU time, so a core taken by another process
+costs nothing (the measured runs record that wait apart: bench/measured/common.py).
+Some seconds on one core.
 """
 
 from __future__ import annotations
@@ -31,12 +35,13 @@ DEFAULT_PATH = Path(__file__).with_name("cpu.yaml")
 
 
 def _median_seconds(fn, repeats: int = 5) -> float:
+    """Median thread CPU seconds of ``fn()`` (one untimed call first)."""
     fn()
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = time.thread_time()
         fn()
-        times.append(time.perf_counter() - start)
+        times.append(time.thread_time() - start)
     return statistics.median(times)
 
 
@@ -55,6 +60,8 @@ def measure_cpu(*, gemm: tuple[int, int, int] = (256, 256, 768), threads: int = 
 
 def _measure(torch, gemm: tuple[int, int, int], copy_mib: int, adam_params: int) -> Hardware:
     from bubbleless_runtime.pool_plan import copy_bandwidth
+
+    from .cpu_ops import measure_small_ops, with_small_ops
 
     rows, inner, columns = gemm
     tflops = {}
@@ -89,7 +96,7 @@ def _measure(torch, gemm: tuple[int, int, int], copy_mib: int, adam_params: int)
             "value": adam, "source": f"{how}: torch.optim.AdamW.step (default foreach kernel) over {adam_params} "
                                      "fp32 parameters, median of 3"},
     }
-    return hardware_from_dict(data)
+    return with_small_ops(hardware_from_dict(data), measure_small_ops(tokens=rows, hidden=inner, intermediate=columns))
 
 
 def _adam_rate(torch, adam_params: int, *, fused: bool) -> float:
@@ -105,8 +112,14 @@ def _adam_rate(torch, adam_params: int, *, fused: bool) -> float:
 
 
 def write_cpu_profile(path: str | Path = DEFAULT_PATH) -> Hardware:
+    """Measure, then write the profile at ``path`` and its small-op rates beside it (``cpu_ops.ops_path``)."""
+    import yaml
+
     from bubbleless_partition import save_hardware
+
+    from .cpu_ops import ops_path, small_ops_to_dict
 
     hw = measure_cpu()
     save_hardware(hw, path)
+    ops_path(path).write_text(yaml.safe_dump(small_ops_to_dict(hw.small_ops), sort_keys=False, width=110))
     return hw

@@ -1,0 +1,141 @@
+"""The measured small-op physics of the CPU calibration (bench/modelled/cpu_ops.py, common.small_op_profile)
+and the run-queue wait the measured runs record (bench/measured/common.py, runner)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.measured.common import schedstat_delta, thread_schedstats  # noqa: E402
+from bench.measured.runner import merge  # noqa: E402
+from bench.measured.scenario import load_scenario  # noqa: E402
+from bench.modelled.calibrate import calibrate, calibration_table, cpu_point  # noqa: E402
+from bench.modelled.common import Point, profile_of  # noqa: E402
+from bench.modelled.cpu_ops import (  # noqa: E402
+    OTHER_OPS_PER_LAYER,
+    CpuHardware,
+    SmallOps,
+    elementwise_bytes_per_token,
+    load_cpu_profile,
+    measure_small_ops,
+    ops_path,
+    small_ops_from_dict,
+    small_ops_to_dict,
+    with_small_ops,
+)
+from bench.modelled.registry import predict  # noqa: E402
+from bubbleless_partition import (  # noqa: E402
+    HARDWARE,
+    TransformerShape,
+    analytic_profile,
+    save_hardware,
+)
+from bubbleless_partition.analytic import LOGIT_BYTES, LOSS_PASSES  # noqa: E402
+
+TINY = TransformerShape(name="tiny", num_layers=6, hidden=256, intermediate=768, heads=4, kv_heads=4, vocab=2048)
+OPS = SmallOps(gemm_tflops=(0.1, 0.2, 0.4), attention_tflops=(0.05, 0.025), elementwise_gb_s=(10.0, 20.0),
+               loss_gb_s=(8.0, 4.0), op_overhead_s=1e-5)
+
+
+def _cpu(ops: SmallOps = OPS) -> CpuHardware:
+    return with_small_ops(replace(HARDWARE["rtx4090"], name="cpu", kind="cpu"), ops)
+
+
+@pytest.mark.parametrize("name", sorted(HARDWARE))
+def test_cross_small_ops_gpu_profiles_keep_the_analytic_prices(name):
+    hw = HARDWARE[name]
+    point = Point(shape=TINY, hardware=hw, gpus=2, seq_len=256, global_batch=8)
+    expected = analytic_profile(TINY, hw.for_dtype("bf16"), seq_len=256, dtype_bytes=2, loss_chunk_tokens=None)
+    assert profile_of(point, loss_chunk_tokens=None).layers == expected.layers
+
+
+def test_cross_small_ops_price_a_decoder_layer_and_the_head_as_documented():
+    point = Point(shape=TINY, hardware=_cpu(), gpus=2, seq_len=256, global_batch=8, precision="fp32")
+    prof = profile_of(point, loss_chunk_tokens=None)
+    tokens = 256
+    matmul = 2 * (TINY.attention_params() + TINY.mlp_params()[1]) * tokens
+    attention = 2 * 4 * 64 * 256 * tokens
+    memory = tokens * elementwise_bytes_per_token(256, 768, 4)
+    dispatch_ms = OTHER_OPS_PER_LAYER * 1e-5 * 1e3 / 2
+    layer = prof.layers[1]
+    assert layer.forward == pytest.approx(matmul / 0.1e9 + attention / 0.05e9 + memory / 10e6 + dispatch_ms)
+    assert layer.input_grad == pytest.approx(matmul / 0.2e9 + 2 * attention / 0.025e9 + 2 * memory / 20e6 + dispatch_ms)
+    assert layer.weight_grad == pytest.approx(matmul / 0.4e9)
+    assert layer.recompute == layer.forward
+    head = prof.layers[-1]
+    loss = tokens * 2048 * LOGIT_BYTES * LOSS_PASSES
+    assert head.forward == pytest.approx(2 * 256 * 2048 * tokens / 0.1e9 + loss / 8e6 + tokens * 2 * 256 * 4 / 10e6)
+    assert head.weight_grad == pytest.approx(2 * 256 * 2048 * tokens / 0.4e9)
+    # the embedding and everything the memory models read stay the analytic profile's
+    plain = analytic_profile(TINY, _cpu().for_dtype("fp32"), seq_len=256, dtype_bytes=4)
+    assert prof.layers[0] == plain.layers[0]
+    assert [lay.param_bytes for lay in prof.layers] == [lay.param_bytes for lay in plain.layers]
+
+
+def test_cross_small_ops_slower_rates_give_fewer_tokens_per_s_for_every_system():
+    fast, slow = _cpu(), _cpu(replace(OPS, attention_tflops=(0.01, 0.005)))
+    for system in ("bubbleless-1f1b", "zbv", "1f1b", "zero2", "roundrobin"):
+        at = {hw: predict(system, cpu_point(TINY, hardware=hw, gpus=2, seq_len=256, global_batch=8,
+                                            precision="fp32")).tokens_per_s for hw in (fast, slow)}
+        assert at[slow] < at[fast], system
+
+
+def test_cross_small_ops_refuse_bad_rates_and_round_trip(tmp_path):
+    with pytest.raises(ValueError, match="must be positive"):
+        replace(OPS, loss_gb_s=(8.0, 0.0))
+    assert small_ops_from_dict(small_ops_to_dict(OPS)) == OPS
+    with pytest.raises(ValueError, match="not a small-op profile"):
+        small_ops_from_dict({"format": "something else"})
+    import yaml
+
+    hw_path = tmp_path / "cpu.yaml"
+    save_hardware(HARDWARE["rtx4090"], hw_path)
+    assert not isinstance(load_cpu_profile(hw_path), CpuHardware)  # no rates beside it: priced as before
+    ops_path(hw_path).write_text(yaml.safe_dump(small_ops_to_dict(OPS)))
+    loaded = load_cpu_profile(hw_path)
+    assert isinstance(loaded, CpuHardware) and loaded.small_ops == OPS
+    assert loaded.for_dtype("bf16").small_ops == OPS  # the dtype view keeps them
+
+
+def test_cross_small_ops_measure_positive_rates_at_a_small_size():
+    ops = measure_small_ops(tokens=16, hidden=32, intermediate=64, heads=2, vocab=64, repeats=1, cold_bytes=1 << 16)
+    assert all(v > 0 for v in (*ops.gemm_tflops, *ops.attention_tflops, *ops.elementwise_gb_s, *ops.loss_gb_s))
+    assert set(ops.sources) == {"gemm_tflops", "attention_tflops", "elementwise_gb_s", "loss_gb_s", "op_overhead_s"}
+
+
+def test_cross_small_ops_schedstat_counts_cpu_and_the_longest_wait():
+    assert schedstat_delta({"1": (100, 50)}, {"1": (400, 80), "2": (1_000_000_000, 7_000_000_000)}) == (
+        pytest.approx(1.0000003), pytest.approx(7.0))
+    before = thread_schedstats()
+    sum(i * i for i in range(200_000))
+    cpu, wait = schedstat_delta(before, thread_schedstats())
+    if before:  # Linux with schedstat
+        assert cpu > 0 and wait >= 0
+
+
+def test_cross_small_ops_merge_takes_the_wait_out_of_each_step():
+    scenario = load_scenario(ROOT / "bench" / "scenarios" / "tiny.yaml")
+    run = {"times": [2.0, 4.0, 1.0], "wait_s": [1.0, 0.0, 0.5], "cpu_s": [1.0, 1.0, 1.0], "losses": [1.0] * 5,
+           "peak_growth_bytes": 1, "processes": 2, "threads": 1}
+    merged = merge(scenario, [run])
+    tokens = scenario.tokens_per_step
+    assert merged["tokens_per_s"] == pytest.approx(tokens / 2.0)
+    assert merged["tokens_per_s_less_wait"] == pytest.approx(tokens / 1.0)  # of 1.0, 4.0, 0.5 s
+    assert merged["wait_share"] == pytest.approx(0.5)
+
+
+def test_cross_small_ops_calibration_rows_carry_the_load_free_error():
+    point = cpu_point(TINY, hardware=_cpu(), gpus=2, seq_len=256, global_batch=8, precision="fp32")
+    rows = calibrate({"zero2": 100.0, "1f1b": 200.0}, point=point, load_free={"zero2": 400.0})
+    by = {r.system: r for r in rows}
+    assert by["zero2"].load_free_error == pytest.approx(by["zero2"].predicted_tokens_per_s / 400.0 - 1)
+    assert by["1f1b"].load_free_error is None
+    assert "| 1f1b | 200.0 | - |" in calibration_table(rows)
+    with pytest.raises(ValueError, match="load-free tokens/s of 'zero2' must be positive"):
+        calibrate({"zero2": 100.0}, point=point, load_free={"zero2": 0.0})
