@@ -1,5 +1,6 @@
 """Micro-benchmarks of the hot paths: schedule generation at p=32 m=256, simulation, the partition DP,
-and the executor's overhead per action.
+the executor's overhead per action, and one decoder layer of the measured tiny model against its modelled
+cost on the measured CPU profile.
 
     pytest bench/micro --benchmark-json bench/results/micro.json
 
@@ -10,6 +11,9 @@ regression check compares deterministic figures, and these JSON files are record
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -19,6 +23,7 @@ from bubbleless_runtime import Pipeline
 from bubbleless_schedules import generate, simulate
 
 P, M = 32, 256
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("name", ["1f1b", "interleaved-1f1b", "zb", "zbv"])
@@ -54,3 +59,30 @@ def test_executor_overhead_per_action(benchmark):
     actions = sum(len(row) for row in pipe.lowered.actions)
     benchmark.extra_info.update(actions=actions, microbatches=m,
                                 seconds_per_action=benchmark.stats.stats.median / actions)
+
+
+@pytest.mark.benchmark(timer=time.thread_time)  # CPU time: another process holding the core costs nothing
+def test_tiny_decoder_layer_forward_backward(benchmark):
+    """One decoder layer of the measured tiny scenario (bench/measured/tiny.py), forward and backward over
+    one micro-batch, 1 thread, beside what the calibration's cost model prices it at (``modelled_ms``: F + I
+    + W of ``common.small_op_profile`` on the measured ``cpu`` profile, bench/modelled/cpu_ops.yaml)."""
+    from bench.measured.calibration import tiny_shape
+    from bench.measured.scenario import load_scenario
+    from bench.measured.tiny import make_layers
+    from bench.modelled.calibrate import cpu_point
+    from bench.modelled.common import profile_of
+
+    torch.set_num_threads(1)
+    scenario = load_scenario(ROOT / "bench" / "scenarios" / "tiny.yaml")
+    layer = make_layers(scenario)[1]
+    x = torch.randn(scenario.micro_batch, scenario.seq_len, scenario.model.hidden, requires_grad=True)
+    grad = torch.randn_like(x)
+
+    def step():
+        layer(x).backward(grad)
+
+    benchmark(step)
+    point = cpu_point(tiny_shape(scenario), gpus=scenario.workers, seq_len=scenario.seq_len,
+                      micro_batch=scenario.micro_batch, global_batch=scenario.global_batch, precision="fp32")
+    modelled = profile_of(point, loss_chunk_tokens=None).layers[1].train_time
+    benchmark.extra_info.update(modelled_ms=modelled, measured_over_modelled=benchmark.stats.stats.median * 1e3 / modelled)
