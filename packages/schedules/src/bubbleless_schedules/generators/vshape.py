@@ -31,7 +31,7 @@ from ..registry import register
 from ..schedule import Schedule
 from ..simulate import simulate
 from .bounds import v_memory_bound
-from .local_search import adjacent_swaps, independent, schedule_evaluator, schedule_fits
+from .local_search import adjacent_swaps, independent, schedule_evaluator, schedule_fits, shifts
 from .vshape_blocks import pcm_blocks, stable_block, v_block
 from .vshape_cooldown import COOL_DOWN, COOL_DOWN_ADMITTING, DEPTHS, recooled
 from .vshape_exact import exact_slot_orders
@@ -392,18 +392,21 @@ _FIXED_ORDERS_UP_TO = 20_000
 """Actions up to which fixed published orders are also timed by the simulator (0.05 s at this size)."""
 _LOCAL_SEARCH_UP_TO = 2_000
 _LOCAL_SEARCH_BUDGET = 1.5e5
-"""Actions up to which the winner is polished by adjacent swaps (``local_search``), and the swaps' budget
-in evaluated actions (about 0.1-0.2 s)."""
+"""Actions up to which the winner is polished by adjacent swaps, then by moves of one action a few places
+(``local_search.shifts``), and each search's budget in evaluated actions (about 0.1-0.2 s each)."""
 
 
 def _polish(p: int, m: int, costs: Costs, cap_chunks: float, input_grad_frees: float, best: GreedyResult):
-    """Swap adjacent independent actions while the simulated makespan improves within the cap."""
+    """Swap adjacent independent actions, then move single ones a few places, while the simulated makespan
+    improves within the cap."""
     schedule = Schedule(best.actions, num_stages=2 * p, num_microbatches=m, stage_to_rank=v_placement(p))
-    rows, makespan = adjacent_swaps(
-        schedule.actions, schedule_evaluator(schedule, costs), can_swap=independent,
-        fits=schedule_fits(schedule, cap_chunks / 2, input_grad_frees), best=best.makespan,
-        budget=_LOCAL_SEARCH_BUDGET,
-    )
+    rows, makespan = schedule.actions, best.makespan
+    for search in (adjacent_swaps, shifts):
+        rows, makespan = search(
+            rows, schedule_evaluator(schedule, costs), can_swap=independent,
+            fits=schedule_fits(schedule, cap_chunks / 2, input_grad_frees), best=makespan,
+            budget=_LOCAL_SEARCH_BUDGET,
+        )
     if makespan < best.makespan - 1e-9:
         return GreedyResult(tuple(tuple(r) for r in rows), makespan, best.span_sum, best.peak_chunks)
     return best
