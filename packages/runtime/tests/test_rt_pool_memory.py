@@ -1,6 +1,7 @@
 """What the pool's saved-tensor hooks keep and count: an output saved for its own backward (tanh, softmax)
 is freed with its graph, a failed step's graphs included, and an uploaded input a layer saves is counted
-on the device's budget once, with the rest of what autograd keeps."""
+on the device's budget once, with the rest of what autograd keeps; the plan's estimate of a held
+micro-batch holds the upload in full, as the executor reserves it."""
 
 import gc
 import weakref
@@ -117,9 +118,10 @@ class _NoWeights:
         return 0
 
 
-def test_rt_pool_memory_fit_check_counts_the_input_once_where_the_first_layer_saves_it():
-    """``check_fits``'s activation bytes: a profile's saved bytes hold a layer's input where it saves it, so
-    the upload adds only the part its first layer does not keep; the output gradient is counted beside."""
+def test_rt_pool_memory_fit_check_counts_the_upload_in_full_beside_the_saved_bytes():
+    """``check_fits``' activation bytes: a held micro-batch's upload in full, what its layers save, and the
+    gradient it hands down. A profile does not say whether a layer's saved bytes hold its input, so a
+    first layer that saves more than its input (layer 1) or less (layer 3) adds the upload all the same."""
     from bubbleless_partition import LayerCost, Profile
     from bubbleless_runtime.pool_memory import device_peaks
     from bubbleless_schedules import Schedule
@@ -128,14 +130,48 @@ def test_rt_pool_memory_fit_check_counts_the_input_once_where_the_first_layer_sa
         "# bubbleless-schedule name=roundrobin stages=5 microbatches=1 layout=roundrobin "
         "meta.forward_layers=2,1 meta.last_layers=1 meta.backward_layers=1,2\n"
         "0F0 2F0 2B0 4R0 4B0\n1F0 3R0 3B0\n")  # jobs 2 = layer 3, 3 = R/B layers 1-2, 4 = R/B layer 0
-    saved = [5, 30, 20, 4]  # layer 1 keeps more than its 10-byte input (it saves it), layer 3 less
+    saved = [5, 30, 20, 4]
     profile = Profile(layers=tuple(LayerCost(name=f"l{i}", forward=1.0, input_grad=1.0, weight_grad=1.0,
                                              activation_bytes_per_token=a,
                                              output_bytes_per_token=10) for i, a in enumerate(saved)))
     peaks = [peak for peak, _ in device_peaks(schedule, _NoWeights(), profile)]
-    # device 0: job 2 keeps 4 + the 6 input bytes layer 3 does not + its 10-byte gradient; device 1: job 3
-    # keeps 30 + 20 (its input inside layer 1's 30) + its gradient
-    assert peaks == [4 + 6 + 10, 30 + 20 + 10]
+    # device 0: job 2 keeps 4 + its 10-byte upload + its 10-byte gradient; device 1: job 3 30 + 20 + 10 + 10
+    assert peaks == [4 + 10 + 10, 30 + 20 + 10 + 10]
+
+
+class _TanhFirst(nn.Module):
+    """tanh, then a Linear: tanh saves its output (which the Linear saves again, one storage), never the
+    block's input, so the executor's upload of that input is a storage the profile's saved bytes lack."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x):
+        return self.linear(torch.tanh(x))
+
+
+def test_rt_pool_memory_estimate_holds_the_upload_of_a_layer_that_saves_something_else():
+    """What the plan counts for a held micro-batch (``held_microbatch_bytes``, less the gradient it hands
+    down at B) equals what the executor reserves while the job's R runs, for blocks whose first saved
+    tensor is not their input. Counting the upload only where it exceeds the first layer's saved bytes
+    (the rule before) left out one boundary here."""
+    from bubbleless_runtime.auto_partition import measure
+    from bubbleless_runtime.pool_plan_cap import held_microbatch_bytes
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[_TanhFirst() for _ in range(3)])
+    profile = measure(list(model), torch.randn(ROWS // M, WIDTH), repeats=1)
+    pipe, grown = _budget_growth_per_action(model, (Kind.R,))
+    groups = pipe.groups
+    graphs = {a: g for a, g in grown if a.kind is Kind.R}
+    assert len(graphs) == 2 * M, grown
+    activation = ROWS // M * WIDTH * 4
+    for action, reserved in graphs.items():
+        start = groups.layers(action.stage).start
+        gradient = profile.layers[start - 1].output_bytes_per_token * profile.tokens_per_microbatch if start else 0
+        assert reserved == (2 if start else 1) * activation  # the upload and the tanh output (layer 0: no upload)
+        assert held_microbatch_bytes(groups, action.stage, profile) - gradient == reserved, action
 
 
 class _ScaledBlock(nn.Module):

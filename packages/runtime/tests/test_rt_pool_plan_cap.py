@@ -78,8 +78,8 @@ def _best_cut_makespan(memory_cap: float) -> float:
 
 def _device_bytes(schedule: Schedule, profile: Profile) -> list[float]:
     """Per device, its peak summed afresh: at each action, the weights of every job whose span on the device
-    covers it plus the next job to start, and the activations of every micro-batch opened (R, or the fused
-    group's F) and not yet closed (B or W) there."""
+    covers it plus, while fewer than two do, the next job to start, and the activations of every micro-batch
+    opened (R, or the fused group's F) and not yet closed (B or W) there."""
     groups = pool_groups(schedule)
     out = []
     for row in schedule.actions:
@@ -91,7 +91,7 @@ def _device_bytes(schedule: Schedule, profile: Profile) -> list[float]:
         for position in range(len(row)):
             live = [j for j, (a, b) in spans.items() if a <= position <= b]
             later = sorted((a, j) for j, (a, _) in spans.items() if a > position)
-            jobs = set(live) | ({later[0][1]} if later else set())
+            jobs = set(live) | ({later[0][1]} if later and len(live) < 2 else set())
             weights = sum(profile.layers[i].param_bytes for j in jobs for i in groups.layers(j))
             kept = 0.0
             for opened, action in enumerate(row[:position + 1]):
@@ -206,11 +206,12 @@ def _tiny_profile(width: int = 64) -> Profile:
         for i, size in enumerate(sizes)), tokens_per_microbatch=width)
 
 
-@pytest.mark.parametrize("budget", [88000, 160000, 224000, 232000, 240000, 320000, 328000, 392000])
+@pytest.mark.parametrize("budget", [104000, 160000, 224000, 232000, 240000, 320000, 328000, 392000])
 def test_rt_pool_plan_cap_a_plan_auto_groups_returns_passes_the_pools_fit_check_and_runs(budget):
     """The plan's peak (``plan_peak_bytes``) and the pool's fit check (``check_fits``) are one walk: the
     uploaded input and the gradient handed down of every micro-batch held count in both, so a budget the
-    automatic plan is held to never refuses that plan (224000 and 232000 did: 216832 planned, 233216 checked)."""
+    automatic plan is held to never refuses that plan (224000 and 232000 did: 216832 planned, 233216 checked).
+    104000 is about the leanest budget a plan fits since a held micro-batch's upload counts in full."""
     import torch
 
     from bubbleless_runtime._testing import tiny_batch, tiny_loss, tiny_model
@@ -234,7 +235,9 @@ def test_rt_pool_plan_cap_no_plan_names_the_smallest_peak_and_its_group_count():
     wide = Profile(layers=tuple(LayerCost(name=f"l{i}", forward=1.0, input_grad=1.0, weight_grad=1.0, param_bytes=10.0,
                                           activation_bytes_per_token=1.0, output_bytes_per_token=20.0)
                                 for i in range(6)))
-    with pytest.raises(ValueError, match=r"leanest cut, into 6 backward groups, holds 60 bytes .*over 2 x "
+    with pytest.raises(ValueError, match=r"leanest cut, into 6 backward groups, holds 61 bytes .*over 2 x "
                                          r"memory_cap=55.*Raise the cap .* to at least that peak"):
         pool_plan.auto_groups(wide, memory_cap=27.5, **PLAN)
-    pool_plan.auto_groups(wide, memory_cap=30, **PLAN)
+    pool_plan.auto_groups(wide, memory_cap=30.5, **PLAN)  # 61: two jobs' 20, a micro-batch's 1, its 20 in and 20 out
+
+

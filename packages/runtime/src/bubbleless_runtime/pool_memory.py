@@ -4,8 +4,9 @@ A device's peak is found by the walk ``pool_plan_cap.plan_peak_bytes`` makes ove
 (``device_peak_walk``), so the automatic plan held to the budget passes this check: the weights of the
 jobs it holds at once (the current ones and the prefetched), here as the host store holds them, plus
 every micro-batch held from its R to its backward (``held_microbatch_bytes``: the activations autograd
-saves through the group, from a profile when there is one, its uploaded input and the gradient it hands
-down), two or more when the plan recomputes ahead or defers W past I. Without a profile only the
+saves through the group, from a profile when there is one, its uploaded input in full and the gradient
+it hands down), two or more when the plan recomputes ahead or defers W past I, and a forward job's
+uploaded input while its F runs (``forward_input_bytes``). Without a profile only the
 weights are checked here; the executor's run-time accounting (``bubbleless_offload.MemoryBudget``)
 catches the rest in the first step.
 """
@@ -16,7 +17,7 @@ from bubbleless_offload import format_bytes as _mb
 from bubbleless_schedules import Schedule
 from bubbleless_schedules.roundrobin_layout import pool_groups
 
-from .pool_plan_cap import device_peak_walk, held_microbatch_bytes
+from .pool_plan_cap import device_peak_walk, forward_input_bytes, held_microbatch_bytes
 
 
 def device_peaks(schedule: Schedule, store, profile=None) -> list[tuple[float, str]]:
@@ -24,7 +25,8 @@ def device_peaks(schedule: Schedule, store, profile=None) -> list[tuple[float, s
     groups = pool_groups(schedule)
     weights = [store.weight_bytes(list(groups.layers(j))) for j in range(groups.num_stages)]
     held = [held_microbatch_bytes(groups, j, profile) for j in range(groups.num_stages)]
-    return [(peak.bytes, _made_up(peak, weights, held)) for peak in device_peak_walk(schedule, weights, held)]
+    passing = [forward_input_bytes(groups, j, profile) for j in range(groups.num_stages)]
+    return [(peak.bytes, _made_up(peak, weights, held)) for peak in device_peak_walk(schedule, weights, held, passing)]
 
 
 def _made_up(peak, weights, held) -> str:
@@ -36,6 +38,8 @@ def _made_up(peak, weights, held) -> str:
         pairs = ", ".join(f"{job}/{mb}" for job, mb in peak.microbatches)
         parts.append(f"{len(peak.microbatches)} micro-batches held for their backward (job/micro-batch {pairs}) "
                      f"{_mb(kept)}")
+    if peak.passing:
+        parts.append(f"a forward job's uploaded input {_mb(peak.passing)}")
     return " + ".join(parts)
 
 

@@ -7,16 +7,18 @@ budget the layer-cost generator's plan is held to, counted by ``plan_peak_bytes`
 
 ``plan_peak_bytes`` walks each device's actions in the order the device runs them:
 
-- weights: a device holds a job's weights from its upload (prefetched while the job before it runs) to
-  its last action there, so at any action it holds every job started and not yet finished, and the
-  next one to start (a job that ends before one started earlier is counted until that one ends: an
-  upper bound). A job split over devices holds its weights on each of them.
+- weights: the pool's rule (``bubbleless_schedules.roundrobin_layout.held_weights``, what
+  ``pool_worker._prefetch`` does): a device holds a job's weights from its first action there to its
+  last, and the weights of its next job not yet started while fewer than two jobs are open, in whatever
+  order it ends them (``held_jobs``: a job started later may end first, and its room then takes the
+  next job). A job split over devices holds its weights on each of them.
   A job's weights are its layers' ``param_bytes`` times ``Profile.state_bytes_per_param_byte``.
 - micro-batches: a gradient job's R (the fused last group's F) keeps its layers'
-  ``activation_bytes_per_token`` times ``tokens_per_microbatch``, its uploaded input and the input
-  gradient it hands down (``held_microbatch_bytes``) until that micro-batch's B, or its W when B is
+  ``activation_bytes_per_token`` times ``tokens_per_microbatch``, its uploaded input (in full) and the
+  input gradient it hands down (``held_microbatch_bytes``) until that micro-batch's B, or its W when B is
   split into I and W (I is counted as freeing nothing). Recomputing ahead (two micro-batches, or the
-  next job's in the current job's waits) holds them all. Forward jobs keep nothing.
+  next job's in the current job's waits) holds them all. Forward jobs keep nothing past an action, but
+  each F holds its uploaded input while it runs (``forward_input_bytes``).
 
 The pool's own fit check (``pool_memory.check_fits``) walks the same way (``device_peak_walk``), with
 the weights' bytes as the host store holds them, so a plan held to a budget here passes it. What no
@@ -41,62 +43,90 @@ def plan_peak_bytes(schedule: Schedule, profile: Profile) -> tuple[float, ...]:
     weights = [sum(profile.layers[i].param_bytes for i in groups.layers(j)) * profile.state_bytes_per_param_byte
                for j in range(groups.num_stages)]
     held = [held_microbatch_bytes(groups, j, profile) for j in range(groups.num_stages)]
-    return tuple(peak.bytes for peak in device_peak_walk(schedule, weights, held))
+    passing = [forward_input_bytes(groups, j, profile) for j in range(groups.num_stages)]
+    return tuple(peak.bytes for peak in device_peak_walk(schedule, weights, held, passing))
 
 
 def held_microbatch_bytes(groups, job: int, profile: Profile | None) -> float:
     """One micro-batch of gradient job ``job`` from its R (the fused group's F) to its backward: its
-    uploaded input, what autograd saves through the group, and the input gradient it hands down, each
-    storage once, as the executor counts them (``pool_worker``). A profile's saved bytes already hold a
-    layer's input where the layer saves it (``bubbleless_partition`` counts every saved storage: a
-    transformer block's first norm saves its input), so the upload only adds the part of the input the
-    group's first layer does not keep; the gradient is a new tensor beside them. Forward jobs keep
-    nothing; without a profile nothing is known (0)."""
+    uploaded input, what autograd saves through the group, and the input gradient it hands down, as the
+    executor counts them (``pool_worker``: the upload reserved in full, then every other storage saved).
+    A profile's saved bytes hold a layer's input where the layer saves it (a norm that keeps its input)
+    and not where it saves something else (an RMSNorm keeping its float32 copy of a bf16 input, a tanh
+    its output); a profile does not say which, so the upload is counted in full beside them: exact for
+    the second kind, one boundary over for the first, never under. The gradient is a new tensor beside
+    them. Forward jobs keep nothing; without a profile nothing is known (0)."""
     if profile is None or groups.role(job) == "forward":
         return 0.0
     tokens = profile.tokens_per_microbatch
     layers = groups.layers(job)
     saved = sum(profile.layers[i].activation_bytes_per_token for i in layers) * tokens
     boundary = profile.layers[layers.start - 1].output_bytes_per_token * tokens if layers.start > 0 else 0.0
-    first_saved = profile.layers[layers.start].activation_bytes_per_token * tokens
-    return saved + max(0.0, boundary - first_saved) + boundary
+    return saved + 2 * boundary
+
+
+def forward_input_bytes(groups, job: int, profile: Profile | None) -> float:
+    """What a forward job's F holds while it runs and frees after: its uploaded input (``pool_worker``
+    reserves it for the F). Layer 0 reads the caller's micro-batch, whose bytes a profile does not give
+    (0, as on a CPU device); other jobs' F keep a graph and are counted by ``held_microbatch_bytes``."""
+    layers = groups.layers(job)
+    if profile is None or groups.role(job) != "forward" or layers.start == 0:
+        return 0.0
+    return profile.layers[layers.start - 1].output_bytes_per_token * profile.tokens_per_microbatch
 
 
 @dataclass(frozen=True)
 class DevicePeak:
-    """A device's peak: its bytes, the jobs whose weights it holds then, the (job, micro-batch) pairs held."""
+    """A device's peak: its bytes, the jobs whose weights it holds then, the (job, micro-batch) pairs held,
+    and the input a forward job's F holds then (``forward_input_bytes``)."""
 
     bytes: float
     jobs: tuple[int, ...] = ()
     microbatches: tuple[tuple[int, int], ...] = ()
+    passing: float = 0.0
 
 
-def device_peak_walk(schedule: Schedule, weights, held_bytes) -> list[DevicePeak]:
+def device_peak_walk(schedule: Schedule, weights, held_bytes, passing_bytes=None) -> list[DevicePeak]:
     """Per device, the peak of the walk over its actions (module docstring): ``weights[job]`` bytes for
-    each job resident, ``held_bytes[job]`` for each micro-batch of it held from R (the fused group's F)
-    to B or W. The one estimator of ``plan_peak_bytes`` and the pool's fit check (``pool_memory``)."""
+    each job whose weights it holds (``held_jobs``), ``held_bytes[job]`` for each micro-batch of it held
+    from R (the fused group's F) to B or W, ``passing_bytes[job]`` (default none) during each F of a
+    forward job (``forward_input_bytes``). The one estimator of ``plan_peak_bytes`` and the pool's fit
+    check (``pool_memory``)."""
     groups = pool_groups(schedule)
     peaks = []
     for row in schedule.actions:
-        order = list(dict.fromkeys(a.stage for a in row))
-        rank = {job: index for index, job in enumerate(order)}
-        last = {a.stage: position for position, a in enumerate(row)}
-        held, worst, current, started = {}, DevicePeak(0.0), 0, 0
-        for position, action in enumerate(row):
-            while last[order[current]] < position:  # the oldest job not yet finished on the device
-                current += 1
-            started = max(started, rank[action.stage])
-            resident = tuple(order[current:max(started, current + 1) + 1])
+        held, worst = {}, DevicePeak(0.0)
+        for action, resident in zip(row, held_jobs(row), strict=True):
             key = (action.stage, action.microbatch)
             if action.kind is Kind.R or (action.kind is Kind.F and groups.role(action.stage) == "last"):
                 held[key] = held_bytes[action.stage]
-            total = sum(weights[j] for j in resident) + sum(held.values())
+            passing = 0.0 if passing_bytes is None or action.kind is not Kind.F else passing_bytes[action.stage]
+            total = sum(weights[j] for j in resident) + sum(held.values()) + passing
             if total > worst.bytes:
-                worst = DevicePeak(total, resident, tuple(held))
+                worst = DevicePeak(total, resident, tuple(held), passing)
             if action.kind in (Kind.B, Kind.W):
                 held.pop(key, None)
         peaks.append(worst)
     return peaks
+
+
+def held_jobs(row) -> list[tuple[int, ...]]:
+    """Per action of one device's order, the jobs whose weights the device holds while it runs: the jobs
+    open then (started, not yet at their last action), in the order they started, and the next job to
+    start while fewer than two are open. This is ``roundrobin_layout.held_weights``' rule at every
+    action (that function keeps only its most): the planner, the fit check, the generator's weight
+    limit and the pool's prefetch count the same jobs."""
+    first, last = {}, {}
+    for position, action in enumerate(row):
+        first.setdefault(action.stage, position)
+        last[action.stage] = position
+    starts = sorted(first, key=first.__getitem__)
+    out, started = [], 0
+    for position, action in enumerate(row):
+        started += first[action.stage] == position
+        open_jobs = [job for job in starts[:started] if last[job] >= position]
+        out.append(tuple(open_jobs + (starts[started:started + 1] if len(open_jobs) < 2 else [])))
+    return out
 
 
 def fits(schedule: Schedule, profile: Profile, device_budget: float | None) -> bool:
