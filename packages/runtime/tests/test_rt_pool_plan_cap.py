@@ -241,3 +241,32 @@ def test_rt_pool_plan_cap_no_plan_names_the_smallest_peak_and_its_group_count():
     pool_plan.auto_groups(wide, memory_cap=30.5, **PLAN)  # 61: two jobs' 20, a micro-batch's 1, its 20 in and 20 out
 
 
+
+def test_rt_pool_plan_cap_candidates_are_the_generators_own_plan_and_each_dispatchs_largest_fitting(monkeypatch):
+    """The generator is a heuristic, monotone neither in ``weight_limit`` nor in the dispatch, so every
+    plan that fits goes to the simulator: its own plan (no ``weight_limit``), each dispatch's plan at the
+    most layers that could fit, and for a dispatch over the budget there, its plan at the largest smaller
+    limit that fits. Before, a leaner dispatch that fit at the most layers ended the search, and the
+    generator's own limit was never asked for. A stand-in generator gives known plans (``_schedule``'s)."""
+    from bubbleless_runtime import pool_plan_cap
+
+    one_ahead = _schedule("0F0 0F1 2F0 2B0 2F1 2B1 4R0 4B0 4R1 4B1", "1F0 1F1 3R0 3B0 3R1 3B1")  # (89, 66)
+    with_transfers = _schedule("0LOAD 0F0 0F1 2LOAD 2F0 2B0 2F1 2B1 2STORE 4LOAD 4R0 4B0 4R1 4B1 4STORE",
+                               "1LOAD 1F0 1F1 3LOAD 3R0 3B0 3R1 3B1 3STORE")  # (89, 66)
+    fused_split = _schedule("0F0 0F1 2F0 2B0 4R0 4B0 4R1 4B1", "1F0 1F1 2F1 2B1 3R0 3B0 3R1 3B1")  # (89, 94)
+    two_ahead = _schedule("0F0 0F1 2F0 2B0 2F1 2B1 4R0 4B0 4R1 4B1", "1F0 1F1 3R0 3R1 3B0 3B1")  # (89, 126)
+    deferred = _schedule("0F0 0F1 2F0 2I0 2F1 2I1 2W0 2W1 4R0 4B0 4R1 4B1", "1F0 1F1 3R0 3B0 3R1 3B1")  # (169, 66)
+    asked = []
+
+    def generate(name, *, weight_limit=None, recompute_ahead=None, split_backward=None, **_):
+        asked.append((weight_limit, recompute_ahead, split_backward))
+        if weight_limit is None:
+            return fused_split
+        if recompute_ahead is None and split_backward is None:  # the generator's own dispatch
+            return deferred if weight_limit == 4 else with_transfers
+        return one_ahead if split_backward is False else two_ahead
+
+    monkeypatch.setattr(pool_plan_cap, "generate", generate)
+    found = pool_plan_cap.generated_within(SMALL, 100, layer_costs=None, num_devices=2, num_microbatches=2, options={})
+    assert [s.to_text() for s in found] == [s.to_text() for s in (fused_split, one_ahead, with_transfers)], asked
+    assert (4, None, None) in asked and (2, None, None) in asked  # the own dispatch, over at 4 layers, fits at 2

@@ -13,8 +13,8 @@
   The ``roundrobin`` generator given the per-layer costs (``layer_costs=``: it picks a cut and a
   dispatch of its own, tapered groups, recompute ahead into waits, jobs split over devices) is one
   more candidate, kept when the simulator says it is faster. Under a memory cap every candidate is held
-  to the bytes a device may hold (``pool_plan_cap``); the generator's plans tried are those of the
-  largest ``weight_limit`` that fits, with its own dispatch or leaner ones.
+  to the bytes a device may hold (``pool_plan_cap``); the generator's plans tried are its own and, for
+  its own dispatch and each leaner one, that of the largest ``weight_limit`` that fits.
 """
 
 from __future__ import annotations
