@@ -434,6 +434,11 @@ def ratio_rows(found) -> list[list]:
 def zb_family(quick: bool = False, full: bool = False) -> str:
     wall = time.perf_counter()
     found = zb_family_cases(quick=quick, full=full)
+    return zb_family_text(found, quick, full, time.perf_counter() - wall)
+
+
+def zb_family_text(found, quick: bool, full: bool, seconds: float) -> str:
+    """Section (f) from its cases (``zb_family_cases``), which took ``seconds``."""
     rows = ratio_rows(found)
     failures = [r for r in rows if r[-1] != "-"]
     scope = "grid.QUICK shapes" if quick else ("the whole grid" if full else
@@ -443,7 +448,7 @@ def zb_family(quick: bool = False, full: bool = False) -> str:
         f"Grid `bench/schedules/grid.py` ({scope}), references `bench/schedules/published_zb.py` (sail-sg's "
         "heuristic under p for zb-h1, 2p for zb-h2, the case's limit for zb and auto; the handcrafted H1/H2; "
         "for auto also the V family's references). Worst and geomean of ours/reference; above 1.000 fails. "
-        f"{len(found)} cases in {time.perf_counter() - wall:.0f} s.\n\n"
+        f"{len(found)} cases in {seconds:.0f} s.\n\n"
         + table(["generator", "costs", "shapes", "cases", "worst", "geomean", "slower cases"], rows)
         + ("\n\n**Failures: " + ", ".join(f"{r[0]} {r[1]} {r[2]}" for r in failures) + "**" if failures
            else "\n\nNo row above 1.000.")
@@ -454,8 +459,12 @@ def v_family(quick: bool = False, full: bool = False) -> str:
     vf = _v_family()
     if vf is None:
         return "### (g) V family on the issue-11 grid\n\nbench/schedules/v_family.py is not written yet."
-    rows = vf.comparison_rows(quick=quick, full=full)
-    return "### (g) V family on the issue-11 grid (bench/schedules/v_family.py)\n\n" + vf.markdown(rows)
+    return v_family_text(vf.comparison_rows(quick=quick, full=full))
+
+
+def v_family_text(rows) -> str:
+    """Section (g) from ``v_family`` rows."""
+    return "### (g) V family on the issue-11 grid (bench/schedules/v_family.py)\n\n" + _v_family().markdown(rows)
 
 
 # -- the record ------------------------------------------------------------------------------------------

@@ -150,16 +150,21 @@ def group_of(p: int) -> str:
 
 def comparison_rows(names=NAMES, profiles=PROFILES, quick: bool = False, full: bool = False) -> list[Row]:
     """One row per generator, cost profile and shape group (p<=4, p=8, p=16, p=32)."""
+    return rows_of(compare_cases(names, profiles, quick, full))
+
+
+def rows_of(cases: list[Case]) -> list[Row]:
+    """``comparison_rows`` from cases already compared (e.g. each generator's in its own process)."""
     groups: dict[tuple, list[Case]] = defaultdict(list)
-    for case in compare_cases(names, profiles, quick, full):
+    for case in cases:
         groups[(case.name, case.profile, group_of(case.p))].append(case)
     rows = []
-    for (name, profile, group), cases in groups.items():
-        ratios = [c.ratio for c in cases]
+    for (name, profile, group), found in groups.items():
+        ratios = [c.ratio for c in found]
         fails = tuple(f"p={c.p} m={c.m} limit={c.limit:g}: {c.ratio:.4f} ({c.which})"
-                      for c in cases if c.ratio > 1 + 1e-9)
+                      for c in found if c.ratio > 1 + 1e-9)
         geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios)) if all(r < math.inf for r in ratios) else math.inf
-        rows.append(Row(name, profile, group, len(cases), max(ratios), geo, fails))
+        rows.append(Row(name, profile, group, len(found), max(ratios), geo, fails))
     return rows
 
 
