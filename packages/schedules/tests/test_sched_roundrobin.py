@@ -192,3 +192,16 @@ def test_validator_catches_broken_jobs():
         validate(_edited(schedule, 0, 6, [Action(0, Kind.I, 0), Action(0, Kind.W, 0)]))
     with pytest.raises(ValueError, match=r"or I and W once each instead"):  # a B split only halfway
         validate(_edited(schedule, 0, 6, [Action(2, Kind.I, 0)]))
+
+
+def test_memory_rows_are_memory_delta_per_action():
+    from bubbleless_schedules.layouts import layout_of
+
+    layer_costs = Costs([1.0] * 12 + [2.0], [1.0] * 13, [1.0] * 13, 0.1)
+    for split in (False, True):
+        schedule = generate("roundrobin", num_ranks=4, num_microbatches=6, layer_costs=layer_costs,
+                            split_backward=split)
+        layout = layout_of(schedule)
+        for frees in (0.0, 0.4):
+            assert layout.memory_rows(schedule, frees) == [
+                [layout.memory_delta(a, schedule, frees) for a in row] for row in schedule.actions]

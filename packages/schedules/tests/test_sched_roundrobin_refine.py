@@ -54,7 +54,8 @@ def test_refined_cut_balances_a_small_model_better_than_every_cap_packed_cut(mon
     # B only and no job split over devices: the refinement under test (a split of a cap-packed cut, where a
     # device ends its next job's early recompute after its part of the fused group, reaches 140.6)
     monkeypatch.setattr(roundrobin_search, "SPLITS", ())
-    monkeypatch.setattr(roundrobin_search, "grown_fused", lambda *args: [])
+    monkeypatch.setattr(roundrobin_search, "grown_fused", lambda *args, **kwargs: [])
+    monkeypatch.setattr(roundrobin_search, "TAIL_SPLITS", ())
     refined = generate("roundrobin", num_ranks=4, num_microbatches=8, layer_costs=layer_costs,
                        split_backward=False)
     validate(refined)

@@ -3,10 +3,12 @@
 import pytest
 
 from bubbleless_schedules import Costs, generate, simulate, validate
+from bubbleless_schedules.generators import roundrobin_search
 from bubbleless_schedules.generators.roundrobin_cut import job_costs
 from bubbleless_schedules.generators.roundrobin_dispatch import JobTimes, list_dispatch, split_parts
 from bubbleless_schedules.generators.roundrobin_search import dispatched, held_weights
-from bubbleless_schedules.roundrobin_layout import peak_weight_layers, pool_groups
+from bubbleless_schedules.roundrobin_layout import PoolGroups, peak_weight_layers, pool_groups
+from bubbleless_schedules.simulate import peak_memory
 from bubbleless_schedules.simulate_steady import steady_state
 
 
@@ -41,8 +43,9 @@ def test_split_fused_group_validates_is_above_the_bound_and_beats_every_unsplit_
     ours = generate("roundrobin", num_ranks=8, num_microbatches=m, layer_costs=HEAVY_HEAD)
     groups = pool_groups(ours)
     validate(ours)
-    assert _split_jobs(ours) == {groups.last_stage: _split_jobs(ours)[groups.last_stage]}  # the fused group
-    wide = len(_split_jobs(ours)[groups.last_stage])
+    split_jobs = _split_jobs(ours)
+    assert split_jobs == {groups.last_stage: split_jobs[groups.last_stage]}  # the fused group
+    wide = len(split_jobs[groups.last_stage])
     assert wide >= 2
     timeline = simulate(ours, job_costs(HEAVY_HEAD, groups))
     work = sum(s.end - s.start for s in timeline.spans)
@@ -51,9 +54,9 @@ def test_split_fused_group_validates_is_above_the_bound_and_beats_every_unsplit_
     split = [simulate(s, c).makespan for how in ("halves", "interleaved")
              for s, c, _ in _variants(groups, HEAVY_HEAD, m, ("last", how))]
     assert timeline.makespan < unsplit - 1e-9 and min(split) < unsplit - 1e-9
-    # the split job uploads its weights once per device it runs on
+    # a split job uploads its weights once per device it runs on
     loads = sum(a.kind.value == "LOAD" for _, _, a in ours.all_actions())
-    assert loads == groups.num_stages + wide - 1
+    assert loads == groups.num_stages + sum(len(where) - 1 for where in split_jobs.values())
 
 
 @pytest.mark.parametrize("how", ["halves", "interleaved"])
@@ -101,7 +104,10 @@ def test_weight_limit_bounds_the_split_and_lifting_it_grows_the_fused_group():
     spans = {name: simulate(s, job_costs(layer_costs, pool_groups(s))).makespan
              for name, s in (("capped", capped), ("free", free))}
     # the free one fuses more layers (no recompute for them) and splits that group over devices
-    assert pool_groups(free).last > pool_groups(capped).last and list(_split_jobs(free)) == [pool_groups(free).last_stage]
+    # (and maybe the backward jobs that run last, the drain, over more devices too)
+    free_groups = pool_groups(free)
+    assert free_groups.last > pool_groups(capped).last and free_groups.last_stage in _split_jobs(free)
+    assert all(j >= free_groups.last_stage for j in _split_jobs(free))
     assert spans["free"] < spans["capped"] - 1e-9
     assert max(peak_weight_layers(free)) > max(peak_weight_layers(capped))  # at the price of weights per device
     work = sum(s.end - s.start for s in simulate(free, job_costs(layer_costs, pool_groups(free))).spans)
@@ -136,3 +142,53 @@ def test_held_weights_allow_ending_a_later_started_job_first_and_refuse_three_jo
     rest = [a for a in row if a is not moved]
     three = schedule.replace(actions=(tuple(rest[:at] + [moved] + rest[at:]), *schedule.actions[1:]))
     assert held_weights(three)[0] == 3
+
+
+def test_the_drain_split_deals_the_last_backward_jobs_over_more_devices():
+    """("tail", k, count): the k backward jobs that run last, each interleaved over ``count`` devices, each
+    of those devices uploading the job's weights; combined with a split fused group in one spec."""
+    m = 8
+    layer_costs = profile(16, 1.5, 2.1)
+    groups = PoolGroups((4, 4, 4, 4), 1, (1,) * 16)
+    schedule, costs, _ = dispatched(groups, layer_costs, num_devices=8, num_microbatches=m, ahead=1,
+                                    split_job=(("last", "interleaved", 2), ("tail", 3, 4)))
+    validate(schedule)
+    split = _split_jobs(schedule)
+    tail = range(groups.num_stages - 3, groups.num_stages)
+    assert set(split) == {groups.last_stage, *tail}
+    # parts are dealt like jobs, to the first free device: a device may run two parts of one job
+    assert len(split[groups.last_stage]) == 2 and all(2 <= len(split[j]) <= 4 for j in tail)
+    loads = sum(a.kind.value == "LOAD" for _, _, a in schedule.all_actions())
+    assert loads == groups.num_stages + sum(len(where) - 1 for where in split.values())
+    assert simulate(schedule, costs).makespan >= sum(
+        s.end - s.start for s in simulate(schedule, costs).spans) / 8 - 1e-9
+
+
+def test_the_drain_split_shortens_a_drain_paced_step():
+    # 32 one-layer backward jobs on 8 devices: the last ones end a micro-batch apart, one after another
+    m = 16
+    layer_costs = profile(32, 1.5, 2.1)
+    groups = PoolGroups((4,) * 8, 1, (1,) * 32)
+    spans = {spec: simulate(*dispatched(groups, layer_costs, num_devices=8, num_microbatches=m, ahead=1,
+                                        split_job=spec)[:2]).makespan
+             for spec in (None, ("tail", 8, 2), ("tail", 8, 4))}
+    assert min(spans[("tail", 8, 2)], spans[("tail", 8, 4)]) < spans[None] - 1e-9, spans
+
+
+def test_grown_fused_tries_every_size_one_layer_apart_within_the_weight_cap():
+    layer_costs = profile(64, 1.5, 2.1)
+    groups = PoolGroups((4,) * 16, 1, (1,) * 64)
+    sizes = {cut.last for cut, _ in roundrobin_search.grown_fused(groups, layer_costs, 8, 8, weight_cap=6)}
+    assert sizes == {2, 3, 4, 5}  # the shares (12.5% of 65 layers = 8, ...) are all above the cap
+    wide = {cut.last for cut, _ in roundrobin_search.grown_fused(groups, layer_costs, 8, 8)}
+    assert min(wide) == 8 and not sizes & wide
+
+
+def test_least_peak_is_below_every_orders_peak_and_reached_one_ahead():
+    layer_costs = profile(12, 2.0, 2.6)
+    for groups in (PoolGroups((4, 4, 4), 1, (1,) * 12), PoolGroups((5, 5), 3, (2, 3, 5)), PoolGroups((9,), 4, (9,))):
+        least = roundrobin_search.least_peak(groups, 4)
+        peaks = [max(peak_memory(s)) for look in (1, 2) for split in (False, True)
+                 for s, _, _ in [dispatched(groups, layer_costs, num_devices=4, num_microbatches=6, ahead=look,
+                                            weight_transfers=False, split_backward=split)]]
+        assert min(peaks) >= least - 1e-9 and abs(peaks[0] - least) < 1e-9, (groups, least, peaks)

@@ -238,6 +238,27 @@ class RoundRobinLayout:
             return -held * (1.0 - input_grad_frees)
         return -held if action.kind is Kind.B else 0.0
 
+    def memory_rows(self, schedule, input_grad_frees: float) -> list[list[float]]:
+        """``memory_delta`` of every action, row by row, with the group sizes read once (the search asks
+        for the peak of every candidate it keeps); the same values, one lookup per action."""
+        groups = pool_groups(schedule)
+        held = [len(groups.layers(j)) * schedule.num_workers / groups.num_layers for j in range(groups.num_stages)]
+        last = groups.last_stage
+        deltas = {Kind.R: 1.0, Kind.B: -1.0, Kind.I: -input_grad_frees, Kind.W: -(1.0 - input_grad_frees)}
+        rows = []
+        for row in schedule.actions:
+            out = []
+            for action in row:
+                kind, stage = action.kind, action.stage
+                if kind is Kind.F:
+                    out.append(held[stage] if stage == last else 0.0)
+                elif kind in deltas:
+                    out.append(held[stage] * deltas[kind])
+                else:
+                    out.append(0.0)
+            rows.append(out)
+        return rows
+
     def cost(self, action: Action, schedule, costs: Costs) -> float:
         groups = pool_groups(schedule)
         costs.check_stages(groups.num_stages)

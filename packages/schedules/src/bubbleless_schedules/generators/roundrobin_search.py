@@ -10,7 +10,10 @@ the cut, the best one's cut is then refined by a local search under the same loo
 plan, jobs are then split over devices (a split job LOADs its weights and STOREs its partial gradients
 on each of its devices): the pacing jobs over two (``pacing_jobs``: the fused last group and the job with
 the most work; halves or interleaved, ``roundrobin_dispatch.SPLITS``), and larger fused groups
-(``grown_fused``: less recompute) over as many devices as keep them from pacing, all within
+(``grown_fused``: less recompute; every size one layer apart up to the weight limit, then shares of the
+model) over as many devices as keep them from pacing, and then, from the best of those, the backward
+jobs that run last (the drain, ``TAIL_SPLITS``: each waits for the gradient of the one before it, so
+their ends stagger by a micro-batch each) over two or four devices each, all within
 ``weight_limit`` layers of weights per device (default: what the best unsplit plan holds), counted
 as the pool holds them (``held_weights``: a device may end a later-started job first, the pool then
 prefetches its next job into the room it leaves), and refused when a device would need three jobs'
@@ -54,22 +57,48 @@ def dispatched(groups: PoolGroups, layer_costs: Costs, *, num_devices: int, num_
                weight_transfers: bool = True, split_backward: bool = False,
                next_ahead: int = 0, split_job: tuple | None = None) -> tuple[Schedule, Costs, float]:
     """One cut's schedule from the list scheduler, its per-job costs and the scheduler's makespan.
-    ``split_job``: (job, how) runs that job's micro-batches on two devices (``roundrobin_dispatch.SPLITS``);
-    job ``"last"`` is the fused last group, whatever its index in this cut."""
+    ``split_job``: (job, how) runs that job's micro-batches on two devices (``roundrobin_dispatch.SPLITS``),
+    (job, how, count) on ``count``; job ``"last"`` is the fused last group, whatever its index in this cut;
+    ("tail", k, count) the k backward jobs that run last (the model's first layers) interleaved over
+    ``count`` devices each; a tuple of such specs applies them all (``split_specs``)."""
     costs = job_costs(layer_costs, groups)
     backward = tuple(i + w for i, w in zip(costs.backward_input, costs.backward_weight, strict=True))
     times = JobTimes(costs.forward, costs.recompute, backward, costs.comm,
                      weight=costs.backward_weight if split_backward else None)
-    parts = None
-    if split_job is not None:  # (job, how) or (job, how, parts)
-        job = groups.last_stage if split_job[0] == "last" else split_job[0]
-        count = split_job[2] if len(split_job) > 2 else 2
-        parts = split_parts(job, split_job[1], num_microbatches, count) if job < groups.num_stages else None
+    parts = None if split_job is None else _parts(groups, split_job, num_microbatches)
     rows, makespan = list_dispatch(groups, times, num_devices, num_microbatches, ahead, next_ahead=next_ahead,
                                    parts=parts)
     schedule = Schedule(rows, num_stages=groups.num_stages, num_microbatches=num_microbatches, stage_to_rank=None,
                         name="roundrobin", layout="roundrobin", meta=groups.meta())
     return (add_weight_transfers(schedule) if weight_transfers else schedule), costs, makespan
+
+
+def least_peak(groups: PoolGroups, num_devices: int) -> float:
+    """The least activation peak (M_B) any order of the cut can have: one micro-batch of its largest
+    gradient group (the fused group's F, or a backward group's R, holds it until the B)."""
+    largest = max([groups.last, *groups.backward])
+    return largest * num_devices / groups.num_layers
+
+
+def split_specs(split_job: tuple) -> tuple[tuple, ...]:
+    """``split_job`` as a tuple of specs (one spec, or a tuple of them; see ``dispatched``)."""
+    if not split_job:
+        return ()
+    return tuple(split_job) if isinstance(split_job[0], tuple) else (tuple(split_job),)
+
+
+def _parts(groups: PoolGroups, split_job: tuple, num_microbatches: int) -> dict | None:
+    parts = {}
+    for spec in split_specs(split_job):
+        if spec[0] == "tail":
+            _, k, count = spec
+            jobs, how = range(max(groups.last_stage + 1, groups.num_stages - k), groups.num_stages), "interleaved"
+        else:
+            job = groups.last_stage if spec[0] == "last" else spec[0]
+            jobs, how, count = ([job] if job < groups.num_stages else []), spec[1], spec[2] if len(spec) > 2 else 2
+        for job in jobs:
+            parts.update(split_parts(job, how, num_microbatches, min(count, num_microbatches)))
+    return parts or None
 
 
 def search(layer_costs: Costs, *, num_devices: int, num_microbatches: int, memory_limit: float | None,
@@ -93,6 +122,11 @@ def search(layer_costs: Costs, *, num_devices: int, num_microbatches: int, memor
         """A ranked entry (makespan, order, variant, schedule, costs), or None outside the limits."""
         nonlocal smallest_peak, spent
         spent += actions(cuts[order])
+        if memory_limit is not None:  # one micro-batch of its largest gradient group is held at some point
+            least = least_peak(cuts[order], num_devices)
+            if least > memory_limit + 1e-9:  # so no order of this cut fits: skip dispatching it
+                smallest_peak = least if smallest_peak is None else min(smallest_peak, least)
+                return None
         schedule, costs, makespan = dispatched(cuts[order], layer_costs, num_devices=num_devices,
                                                num_microbatches=num_microbatches, ahead=look,
                                                weight_transfers=False, split_backward=split,
@@ -155,17 +189,26 @@ def search(layer_costs: Costs, *, num_devices: int, num_microbatches: int, memor
         for job in pacing_jobs(cuts[order], costs, num_microbatches):
             for how in SPLITS:
                 consider(order, look, next_ahead, (job, how))
-        grown = [] if pinned is not None else grown_fused(cuts[order], layer_costs, num_devices, num_microbatches)
+        grown = [] if pinned is not None else grown_fused(cuts[order], layer_costs, num_devices, num_microbatches,
+                                                          weight_cap=weight_cap)
         before = len(ranked)
         for cut, count in grown:  # a larger fused group (less recompute) split wide
-            if weight_cap is None or cut.last <= weight_cap:
-                cuts.append(cut)
-                consider(len(cuts) - 1, look, next_ahead, ("last", "interleaved", count))
+            if memory_limit is not None and cut.last * num_devices / cut.num_layers > memory_limit + 1e-9:
+                continue  # one micro-batch of it (F held until B) is over the limit already
+            cuts.append(cut)
+            consider(len(cuts) - 1, look, next_ahead, ("last", "interleaved", count))
         if len(ranked) > before:  # the best of them with every look-ahead
             _, grown_order, (_, _, split_job) = min(ranked[before:], key=_rank)[:3]
             for variant in [(a, n) for a in aheads for n in (0, num_microbatches)]:
                 if variant != (look, next_ahead):
                     consider(grown_order, *variant, split_job)
+        ranked.sort(key=_rank)
+        # then the drain: the last backward jobs run one after another (each waits for the gradient of the
+        # one before it), so their ends stagger by a micro-batch each; dealt over more devices, they end sooner
+        _, order, (look, next_ahead, split_job) = ranked[0][:3]
+        for k, count in TAIL_SPLITS if num_microbatches >= 2 * num_devices >= 2 * TAIL_DEVICES else ():
+            if count <= num_devices:
+                consider(order, look, next_ahead, (*split_specs(split_job), ("tail", min(k, num_devices), count)))
         ranked.sort(key=_rank)
     chosen = ranked[:FINALISTS]  # the simulator (LOAD/STORE costs included) judges them and the best unsplit
     if all(r is not unsplit for r in chosen):
@@ -205,17 +248,22 @@ def _fastest(entries: list, weight_transfers: bool) -> tuple:
 GROWN_LAST = (0.125, 0.2, 0.3, 0.4, 0.5, 0.65, 0.8)
 """Fused-group sizes tried with the group split over devices, as shares of the model's layers."""
 
+GROWN_STEPS = 8
+"""At most this many fused-group sizes one layer apart above the unsplit plan's, within the weight limit."""
 
-def grown_fused(groups: PoolGroups, layer_costs: Costs, num_devices: int,
-                num_microbatches: int) -> list[tuple[PoolGroups, int]]:
+
+def grown_fused(groups: PoolGroups, layer_costs: Costs, num_devices: int, num_microbatches: int, *,
+                weight_cap: int | None = None) -> list[tuple[PoolGroups, int]]:
     """(cut, devices) pairs: ``groups`` with a fused group of each ``GROWN_LAST`` size above its own (its
-    layers recompute nothing, so the step has less work), split over about as many devices as bring its
-    time per micro-batch down to the slowest other job's (and one more; at most every device), so it does
-    not pace the step."""
+    layers recompute nothing, so the step has less work), and of every size up to ``weight_cap`` - 1 (the
+    most a device can hold beside a one-layer next job: under a small weight limit the shares skip them),
+    split over about as many devices as bring its time per micro-batch down to the slowest other job's
+    (and one more; at most every device), so it does not pace the step."""
     found = []
-    for share in GROWN_LAST:
-        last = round(share * groups.num_layers)
-        if last <= groups.last or last >= groups.num_layers:
+    small = range(groups.last + 1, min(weight_cap or 0, groups.last + 1 + GROWN_STEPS))
+    sizes = sorted({*small, *(round(share * groups.num_layers) for share in GROWN_LAST)})
+    for last in sizes:
+        if last <= groups.last or last >= groups.num_layers or weight_cap is not None and last > weight_cap:
             continue
         cut = with_last(groups, last)
         costs = job_costs(layer_costs, cut)
@@ -241,6 +289,16 @@ def pacing_jobs(groups: PoolGroups, costs: Costs, num_microbatches: int) -> list
     heaviest = max(range(groups.num_stages), key=work.__getitem__)
     return ["last"] + ([heaviest] if heaviest != groups.last_stage else [])
 
+
+TAIL_SPLITS = ((1, 2), (8, 4))
+"""(k, devices): the last k backward jobs (at most one per device) split over that many devices each.
+Tried only on ``TAIL_DEVICES`` or more devices and at least twice as many micro-batches: the drain is
+then a long wavefront (its last N jobs end a micro-batch apart, one per device, N - 1 micro-batches'
+time from first to last); on fewer devices, or with a handful of micro-batches per part, it is a
+micro-batch or two and the split buys little beside its uploads."""
+
+TAIL_DEVICES = 4
+"""The fewest devices on which the drain's split is tried (``TAIL_SPLITS``)."""
 
 LEFTOVER_SEARCH = 20_000
 """Actions left by the B search (``split_backward=None``) below which no whole I/W search follows it."""
