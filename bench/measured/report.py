@@ -63,6 +63,7 @@ def meta(scenario: Scenario) -> dict:
         "scenario": scenario.as_dict(), "nvme_offload": nvme_available(),
         "packages_from": os.environ.get("PYTHONPATH") or "the installed (editable) packages",
         "command": " ".join(["python -m bench.measured", *sys.argv[1:]]),
+        "load_average": [round(v, 2) for v in os.getloadavg()],  # 1, 5, 15 min, when the run ends
     }
 
 
@@ -105,6 +106,25 @@ WHY_EVEN_V = (
     "decoder layers, where 1F1B's first rank holds 3 and the embedding.")
 
 
+BEYOND_THE_BUBBLE = (
+    "the measured ratio exceeds it, so the excess is not the schedule's: at p=2 the V makes twice 1F1B's "
+    "gloo transfers (its stage 1 -> 2 hand-off stays on the rank, uncopied), so it is not fewer transfers. "
+    "What differs is how the runtimes wait: ours posts each receive two compute actions ahead, torch's "
+    "Schedule1F1B when the action runs, so on a machine loaded past its cores, where a transfer waits for "
+    "the peer process to be scheduled, torch's waits stand in its step and ours mostly do not (a hypothesis "
+    "this record does not isolate; the load average above, where recorded, says how loaded the machine was)")
+
+
+def verdict(ratio: float, simulated: float) -> str:
+    """The goal's verdict on a measured ratio; one above the bubble's bound is not the schedule's gain."""
+    if ratio < 1.1:
+        return "NOT met"
+    if ratio > simulated:
+        return (f"met on this run's figures, but above the {simulated:.2f}x the bubble allows: not a gain of the "
+                "schedule, see below")
+    return "met"
+
+
 def why_memory_cut(scenario: Scenario, row: dict) -> str:
     cut, sizes = row.get("cut"), scenario.zbv_mem_cut
     if cut is None:
@@ -114,7 +134,9 @@ def why_memory_cut(scenario: Scenario, row: dict) -> str:
             f"for backward ({_mib(cut['limit'])} MiB on its even cut; this cut's ranks "
             f"{', '.join(_mib(p) for p in cut['peaks'])} MiB), {cut['candidates']} in all, the one whose step the "
             f"simulator predicts shortest under the layers' profiled costs ({cut['predicted_ms']:.0f} ms against "
-            f"1F1B's {cut['baseline_ms']:.0f} ms on the same profile).")
+            f"1F1B's {cut['baseline_ms']:.0f} ms on the same profile: "
+            f"{cut['baseline_ms'] / cut['predicted_ms']:.2f}x, the most the simulator expects of this cut, with "
+            "the profile's split backward costs and no time lost to transfers or load).")
 
 
 def goals(scenario: Scenario, systems: dict, equal: dict) -> list[str]:
@@ -143,9 +165,7 @@ def goals(scenario: Scenario, systems: dict, equal: dict) -> list[str]:
         simulated = simulated_ratio(scenario)
         rounds = [r for name in (ours, "1f1b") for r in systems[name].get("per_round_tokens_per_s", [])]
         spread = f"{max(rounds) / min(rounds):.1f}x" if rounds else "unknown"
-        beyond = ("the rest of the measured gain has another cause, not isolated here (candidates: the V keeps "
-                  "the middle hand-off on one rank, so fewer gloo transfers; uneven stage costs that the V "
-                  "balances differently)" if ratio > simulated else "the measured ratio falls short of it")
+        beyond = BEYOND_THE_BUBBLE if ratio > simulated else "the measured ratio falls short of it"
         why = (WHY_EVEN_V if ours == "zbv" else why_memory_cut(scenario, systems[ours])) + (
             f" The bubble alone explains {simulated:.2f}x (the simulator, unit costs, p={scenario.workers}, "
             f"m={scenario.microbatches}); {beyond}. Rounds of these two systems differ by up to {spread} "
@@ -153,7 +173,7 @@ def goals(scenario: Scenario, systems: dict, equal: dict) -> list[str]:
             "which the alternating rounds spread but cannot remove, is larger than the 10% asked.")
         lines.append(
             f"- **{ours} vs torch Schedule1F1B** (goal >= 1.1x at the same memory): {ratio:.2f}x tokens/s "
-            f"({'met' if ratio >= 1.1 else 'NOT met'}; {how}); the same memory (peak RSS growth within "
+            f"({verdict(ratio, simulated)}; {how}); the same memory (peak RSS growth within "
             f"{SAME_MEMORY - 1:.0%} and a longest sequence at least 1F1B's): "
             f"{'met' if same_memory else 'NOT met'}: peak RSS growth {_mib(ours_mem)} MiB vs {_mib(theirs_mem)} MiB "
             f"({ours_mem / theirs_mem:.2f}x){longest}. {why}")
@@ -202,7 +222,9 @@ def write(scenario: Scenario, systems: dict, longest: dict, out: Path, *, calibr
         f"{', '.join(info['uncommitted_package_files']) or 'none'}; packages imported from "
         f"{info['packages_from']}). CPU only, gloo; "
         f"{scenario.workers} ranks (or pool devices) x {scenario.threads} torch thread(s). "
-        f"NVMe offload: {_nvme_note(scenario, info)}.",
+        + (f"Load average when the run ended (1, 5, 15 min): {', '.join(map(str, info['load_average']))}. "
+           if info.get("load_average") else "")
+        + f"NVMe offload: {_nvme_note(scenario, info)}.",
         "",
         f"tokens/s: median over {scenario.rounds} round(s) x {scenario.steps} timed steps (after {scenario.warmup} "
         f"warm-up steps each round) of {scenario.tokens_per_step:,} tokens per step, every step of every round "
