@@ -20,7 +20,8 @@ per-stage costs; the step's compute is the simulated makespan. Assumptions:
 ``bubbleless_runtime.pool_plan.auto_groups`` cuts 1 .. 3 x GPUs backward groups (``cut(method=
 "roundrobin")``) and also asks the ``roundrobin`` generator for its own cut and dispatch from the
 per-layer costs (tapered groups, recompute ahead into waits, the pacing job's micro-batches split over
-GPUs), prices each job with ``pool_plan.job_costs`` (LOAD = the group's weights over the host link,
+GPUs; under the GPU's memory its own plan and, per dispatch, that of the largest weight limit that fits:
+``pool_plan_cap.generated_within``), prices each job with ``pool_plan.job_costs`` (LOAD = the group's weights over the host link,
 STORE = its gradients back; a split job pays both on each of its GPUs), and keeps the plan whose
 simulated step is shortest among those that fit the GPU. Assumptions:
 
@@ -52,10 +53,11 @@ simulated step is shortest among those that fit the GPU. Assumptions:
   thread's DRAM traffic is assumed to fit beside the GPUs' copies (``POOL_DMA_SHARE`` leaves half the
   bandwidth to the CPU, the profile's fused rate assumes half).
 - peak memory per GPU: ``pool_plan.plan_peak_bytes`` of the plan (walking each GPU's actions: the
-  weights of the jobs it holds at once, the current and the prefetched, a split job's on each of its
-  GPUs; the saved activations of every micro-batch recomputed and not yet backpropagated there, two or
-  more when the plan recomputes ahead or defers W, each with its uploaded input and the gradient it
-  hands down), plus one loss chunk. ``auto_groups`` refuses every plan whose ``plan_peak_bytes`` is over
+  weights of the jobs it holds at once as the pool holds them, the open ones and the prefetched
+  (``held_weights``' rule), a split job's on each of its GPUs; the saved activations of every micro-batch
+  recomputed and not yet backpropagated there, two or more when the plan recomputes ahead or defers W,
+  each with its uploaded input in full and the gradient it hands down; a forward job's input while its
+  F runs), plus one loss chunk. ``auto_groups`` refuses every plan whose ``plan_peak_bytes`` is over
   the GPU's usable bytes less the chunk, so the peak reported is the one the plan was chosen under.
   The longest sequence assumes the cut a long-sequence user would pick: one layer per group.
 - the cut: ``auto_groups``; where none of its plans fits (the 235B MoE's 5 GB layers on a 24 GB GPU:
