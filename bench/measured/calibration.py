@@ -1,6 +1,8 @@
 """The modelled-vs-measured table (issue 10, section 3, calibration): each measured system's tokens/s
 against what its cost model predicts on the ``cpu`` hardware profile measured on this machine
-(bench/modelled/cpu.yaml), at the scenario's shape, workers, sequence and batch, in fp32."""
+(bench/modelled/cpu.yaml with its small-op rates, cpu_ops.yaml), at the scenario's shape, workers, sequence
+and batch, in fp32; against the measured tokens/s as run and with each step's run-queue wait taken out
+(``runner.merge``: ``tokens_per_s_less_wait``), the figure a profile timed by thread CPU time predicts."""
 
 from __future__ import annotations
 
@@ -34,7 +36,8 @@ PHYSICS = (
     "attention at its measured forward and backward rates (head width 64 runs it at about a third of the GEMM "
     "rate); the norms, SiLU, gating multiply and residual adds as the bytes they move at the measured "
     "elementwise rate; the loss over the vocabulary at its measured rate; and the dispatch of the ops none of "
-    "these time. Not priced: the executors' and DeepSpeed's own per-step work beyond that (hooks, gradient "
+    "these time (bench/results/micro.json's `test_tiny_decoder_layer_forward_backward` records one real decoder "
+    "layer's forward and backward beside its modelled cost: `measured_over_modelled`). Not priced: the executors' and DeepSpeed's own per-step work beyond that (hooks, gradient "
     "bucketing, parameter partitioning), and the slow-down a busy machine causes a process that does hold a "
     "core (shared caches and memory bandwidth)."
 )
@@ -44,7 +47,15 @@ LOAD = (
     "but another process held the core); the profile is timed by thread CPU time, so it predicts the step "
     "without that wait, the last measured column. Taking out only the longest single wait is a lower bound "
     "on what the load cost (waits on two ranks that delay each other in turn add up), so the load-free "
-    "figure is, if anything, low, and an optimistic error against it is an upper bound."
+    "figure is, if anything, low, and an optimistic error against it is an upper bound. The round-robin "
+    "pool starts its device threads afresh each step, so only its main thread's wait is seen: its load-free "
+    "figure takes out too little."
+)
+CPU = (
+    "A system that spends more CPU per step than the pipelines and DDP on the same FLOPs does work the model "
+    "does not price (DeepSpeed's and FSDP's per-parameter hooks, partitioning and bucketing on the CPU), not slower hardware; and the pipelines' "
+    "own CPU time over the model's summed F + I + W shows how much a loaded machine slows a process that "
+    "holds a core (caches and memory bandwidth shared with the other processes)."
 )
 
 
@@ -61,6 +72,10 @@ def calibration_section(scenario: Scenario, systems: dict) -> list[str]:
     waits = {n: systems[n]["wait_share"] for n in (r.system for r in rows) if systems[n].get("wait_share") is not None}
     wait_line = ("Median run-queue wait per step, share of the step: "
                  + ", ".join(f"{n} {w:.0%}" for n, w in sorted(waits.items())) + ". ") if waits else ""
+    cpu = {n: r["cpu_s"] for n, r in systems.items() if r.get("cpu_s") is not None}
+    cpu_line = ("Median CPU seconds per step, all of a system's processes together: "
+                + ", ".join(f"{n} {c:.2f} s" for n, c in sorted(cpu.items())) + f"; the modelled F + I + W of the "
+                f"step's micro-batches: {_modelled_work_s(scenario):.2f} s. " + CPU) if cpu else ""
     return [
         "## Calibration: modelled against measured (same CPU)", "",
         "Each system's cost model (bench/modelled/) on the `cpu` hardware profile measured on this machine "
@@ -70,8 +85,20 @@ def calibration_section(scenario: Scenario, systems: dict) -> list[str]:
         calibration_table(rows), "",
         " ".join(summary) + (f" Not modelled: {', '.join(unmodelled)}." if unmodelled else ""), "",
         wait_line + LOAD, "",
+        *([cpu_line, ""] if cpu_line else []),
         PHYSICS, "",
     ]
+
+
+def _modelled_work_s(scenario: Scenario) -> float:
+    """The modelled F + I + W of every layer over the step's micro-batches, seconds (no bubble, no optimizer)."""
+    from bench.modelled.calibrate import cpu_point
+    from bench.modelled.common import profile_of
+
+    point = cpu_point(tiny_shape(scenario), gpus=scenario.workers, seq_len=scenario.seq_len,
+                      micro_batch=scenario.micro_batch, global_batch=scenario.global_batch, precision="fp32")
+    prof = profile_of(point, loss_chunk_tokens=None)
+    return sum(layer.train_time for layer in prof.layers) * point.microbatches / 1e3
 
 
 def _spread(label: str, errors: list[float]) -> str:

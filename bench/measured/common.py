@@ -7,7 +7,9 @@ accounting (``MemoryBudget.peak``), which counts only what it places on a device
 
 Load from other processes: each timed step also records the run-queue wait of this process's threads
 (``/proc/self/task/*/schedstat``, second field: nanoseconds a thread was runnable but another had the
-core), the most of any one thread (``wait_s``), and the CPU time of all of them (``cpu_s``). On a shared
+core), the most of any one thread alive at the step's end (``wait_s``: the pool's device threads, started
+and ended within each step, are not seen, so its wait is undercounted), and the process's CPU time
+(``cpu_s``, ``getrusage``: every thread, ended ones too). On a shared
 machine the wait is time the step lost to whatever else ran, which no cost model prices; the calibration
 (bench/measured/calibration.py) reports the step with and without it.
 """
@@ -56,6 +58,11 @@ def schedstat_delta(before: dict, after: dict) -> tuple[float, float]:
     return sum(c for c, _ in deltas) / 1e9, max((w for _, w in deltas), default=0) / 1e9
 
 
+def _process_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def barrier() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
@@ -67,12 +74,13 @@ def timed_steps(step, *, steps: int, warmup: int) -> dict:
     losses, times, cpu, wait = [], [], [], []
     for i in range(warmup + steps):
         barrier()
-        before = thread_schedstats()
+        before, cpu_before = thread_schedstats(), _process_cpu_s()
         start = time.perf_counter()
         loss = step(i)
         barrier()
         elapsed = time.perf_counter() - start
-        cpu_s, wait_s = schedstat_delta(before, thread_schedstats())
+        wait_s = schedstat_delta(before, thread_schedstats())[1]
+        cpu_s = _process_cpu_s() - cpu_before
         losses.append(loss)
         if i >= warmup:
             times.append(elapsed)
