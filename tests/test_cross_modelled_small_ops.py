@@ -139,3 +139,16 @@ def test_cross_small_ops_calibration_rows_carry_the_load_free_error():
     assert "| 1f1b | 200.0 | - |" in calibration_table(rows)
     with pytest.raises(ValueError, match="load-free tokens/s of 'zero2' must be positive"):
         calibrate({"zero2": 100.0}, point=point, load_free={"zero2": 0.0})
+
+
+def test_cross_small_ops_an_interrupted_probe_stops_the_search(monkeypatch):
+    from bench.measured import runner
+    from bubbleless_runtime.signals import RunInterrupted
+
+    def interrupted(*args, **kwargs):
+        raise RunInterrupted("stopped by SIGTERM", 15)
+
+    monkeypatch.setattr(runner, "run_system", interrupted)
+    scenario = load_scenario(ROOT / "bench" / "scenarios" / "tiny.yaml")
+    with pytest.raises(RunInterrupted):
+        runner.probe(scenario, "ddp", 256)

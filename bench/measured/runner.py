@@ -163,8 +163,12 @@ def probe_scenario(scenario: Scenario) -> Scenario:
 def probe(scenario: Scenario, system: str, seq_len: int) -> dict:
     """One step at ``seq_len`` in fresh processes: fits when it runs and its peak is within the budget."""
     budget = scenario.memory_budget_mib * 2**20
+    from bubbleless_runtime.signals import RunInterrupted
+
     try:
         run = run_system(probe_scenario(scenario), system, steps=1, warmup=0, seq_len=seq_len)
+    except RunInterrupted:
+        raise  # SIGTERM or Ctrl-C stops the search; it is not a length that does not fit
     except Exception as error:  # noqa: BLE001 - out of memory or any failure: this length does not train
         return {"seq_len": seq_len, "fits": False, "why": f"{type(error).__name__}: {str(error)[:200]}"}
     fits = run["peak_growth_bytes"] <= budget
