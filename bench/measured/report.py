@@ -107,12 +107,13 @@ WHY_EVEN_V = (
 
 
 BEYOND_THE_BUBBLE = (
-    "the measured ratio exceeds it, so the excess is not the schedule's: at p=2 the V makes twice 1F1B's "
-    "gloo transfers (its stage 1 -> 2 hand-off stays on the rank, uncopied), so it is not fewer transfers. "
-    "What differs is how the runtimes wait: ours posts each receive two compute actions ahead, torch's "
-    "Schedule1F1B when the action runs, so on a machine loaded past its cores, where a transfer waits for "
-    "the peer process to be scheduled, torch's waits stand in its step and ours mostly do not (a hypothesis "
-    "this record does not isolate; the load average above, where recorded, says how loaded the machine was)")
+    "the measured ratio exceeds it, so the excess is not the bubble's. Nor fewer transfers: at p=2 the V makes "
+    "twice 1F1B's gloo transfers (its stage 1 -> 2 hand-off stays on the rank, uncopied). On a machine loaded "
+    "past its cores a rank that needs its peer's output waits for the peer process to be scheduled: 1F1B at "
+    "p=2 has such a wait at nearly every action of its steady state, the V a local stage (1 -> 2) and a second "
+    "chunk to run meanwhile, and our executor posts each receive two compute actions ahead where torch's "
+    "Schedule1F1B posts it when the action runs, so the same load costs torch's 1F1B more (a hypothesis this "
+    "record does not isolate; the load average above, where recorded, says how loaded the machine was)")
 
 
 def verdict(ratio: float, simulated: float) -> str:
