@@ -12,7 +12,7 @@ if str(ROOT) not in sys.path:  # bench/ is not installed: import it from the che
 
 from bench.measured import runner  # noqa: E402
 from bench.measured.paired import paired_ratio  # noqa: E402
-from bench.measured.report import failures, goals, write  # noqa: E402
+from bench.measured.report import failures, goals, same_memory_verdict, write  # noqa: E402
 from bench.measured.scenario import Scenario, TinyShape  # noqa: E402
 
 SMALL = Scenario(name="test", model=TinyShape(layers=2, hidden=32, heads=2, intermediate=64, vocab=128),
@@ -105,3 +105,12 @@ def test_cross_bench_measured_zbv_mem_without_a_cut_says_how_to_get_one():
         SMALL.with_(zbv_mem_cut=(2, 2))
     again = scenario_from_dict(SMALL.with_(zbv_mem_cut=(1, 1, 1, 1)).as_dict())
     assert again.zbv_mem_cut == (1, 1, 1, 1)
+
+
+def test_same_memory_is_not_met_when_the_longest_sequence_was_not_measured():
+    # A run with --no-longest checks only peak RSS; it must not call the whole memory goal met.
+    assert same_memory_verdict(True, (None, None)) == "not judged (RSS half met)"
+    assert same_memory_verdict(True, (4096, None)) == "not judged (RSS half met)"
+    assert same_memory_verdict(False, (None, None)) == "NOT met"
+    assert same_memory_verdict(True, (4096, 2048)) == "met"
+    assert same_memory_verdict(True, (2048, 4096)) == "NOT met"
