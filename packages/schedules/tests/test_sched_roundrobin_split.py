@@ -7,7 +7,7 @@ from bubbleless_schedules.generators import roundrobin_search
 from bubbleless_schedules.generators.roundrobin_cut import job_costs
 from bubbleless_schedules.generators.roundrobin_dispatch import JobTimes, list_dispatch, split_parts
 from bubbleless_schedules.generators.roundrobin_search import dispatched, held_weights
-from bubbleless_schedules.roundrobin_layout import PoolGroups, peak_weight_layers, pool_groups
+from bubbleless_schedules.roundrobin_layout import PoolGroups, held_jobs, peak_weight_layers, pool_groups
 from bubbleless_schedules.simulate import peak_memory
 from bubbleless_schedules.simulate_steady import steady_state
 
@@ -121,6 +121,32 @@ def test_weight_limit_errors_say_what_to_change():
         generate("roundrobin", num_ranks=8, num_microbatches=8, weight_limit=4)
 
 
+def _job_layers(schedule) -> list[int]:
+    """Layers per job, read from the meta as the layout's docstring lays the jobs out: forward groups first
+    layers first, the fused last group, then the backward groups last layers first."""
+    meta = schedule.meta
+    return [*meta["forward_layers"], *meta["last_layers"], *reversed(meta["backward_layers"])]
+
+
+def _replay_prefetch(row) -> list[tuple[tuple[int, ...], int]]:
+    """Per action of one device's row, (the jobs whose weights are held, how many of them are open),
+    replayed from the pool's rule as written (pool_worker._prefetch), not from roundrobin_layout: the jobs
+    whose first action on the device is at or before this one and whose last is at or after it are open
+    (in the order they started); while fewer than two are, the job whose first action comes next is held
+    too."""
+    spans = {}
+    for position, action in enumerate(row):
+        start, _ = spans.get(action.stage, (position, position))
+        spans[action.stage] = (start, position)
+    replayed = []
+    for position in range(len(row)):
+        open_jobs = [j for j, (start, end) in spans.items() if start <= position <= end]
+        coming = sorted((start, j) for j, (start, _) in spans.items() if start > position)
+        held = open_jobs + ([coming[0][1]] if coming and len(open_jobs) < 2 else [])
+        replayed.append((tuple(held), len(open_jobs)))
+    return replayed
+
+
 def test_held_weights_allow_ending_a_later_started_job_first_and_refuse_three_jobs():
     """The generator may now emit a device that runs its part of the split fused group between its next
     job's early recompute and that job's end (the pool and the load-stream simulator free weights in
@@ -132,8 +158,12 @@ def test_held_weights_allow_ending_a_later_started_job_first_and_refuse_three_jo
     starts = list(dict.fromkeys(a.stage for a in row))
     last = {a.stage: p for p, a in enumerate(row)}
     assert any(last[a] > last[b] for a, b in zip(starts, starts[1:], strict=False)), schedule.render()
-    jobs, layers = held_weights(schedule)
-    assert jobs == 2 and layers >= max(peak_weight_layers(schedule))
+    replayed = [_replay_prefetch(row) for row in schedule.actions]
+    assert [held_jobs(row) for row in schedule.actions] == [[held for held, _ in r] for r in replayed]
+    size = _job_layers(schedule)
+    layers = tuple(max(sum(size[j] for j in held) for held, _ in r) for r in replayed)
+    assert peak_weight_layers(schedule) == layers
+    assert held_weights(schedule) == (max(count for r in replayed for _, count in r), max(layers)) == (2, max(layers))
     assert steady_state(schedule, job_costs(layer_costs, pool_groups(schedule)), load_stream=True).period > 0
     inner = next(b for a, b in zip(starts, starts[1:], strict=False) if last[a] > last[b])
     later = starts[starts.index(inner) + 1]

@@ -47,7 +47,7 @@ layers. Forward jobs keep nothing on the device (stage inputs go to host memory)
 last group's F hold ``n * p / L`` until the micro-batch's B frees it, so a device's peak is one
 micro-batch of its largest backward or last group. Weights are not activations: a device holds the
 weights of its current job, and of the next one while it prefetches (at most two stages); see
-``peak_weight_layers``.
+``held_jobs`` (per action) and ``peak_weight_layers``.
 
 **What the simulator models of transfers.** A LOAD occupies its device for its cost, in the device's
 order, so it overlaps the *wait* for the next job's first input but not the previous job's compute: a
@@ -152,42 +152,77 @@ def pool_groups(schedule) -> PoolGroups:
         ) from None
 
 
+def held_jobs(row) -> list[tuple[int, ...]]:
+    """Per action of one device's order (``schedule.actions[device]``), the jobs whose weights the device
+    holds while that action runs: the pool's prefetch-and-release (``pool_worker._prefetch``).
+
+    - A job is *open* from its first action on the device to its last, both included; its weights go
+      after its last action, in whatever order the device ends its jobs (a job started later may end
+      first, and its room is then free for the next job).
+    - While fewer than two jobs are open, the device also holds the next job it has not started
+      (the prefetch), so a job's weights are there before its first action.
+
+    Each tuple lists the open jobs in the order the device started them, then the prefetched job if any.
+    For the row ``0F0 0F1 1F0 1F1`` it is ``[(0, 1), (0, 1), (1,), (1,)]``. Only the order of the row's
+    stages matters, not the action kinds. ``held_weights`` and ``peak_weight_layers`` are this rule's
+    maxima; the runtime's planner and fit check count bytes with it action by action."""
+    first, last = {}, {}
+    for position, action in enumerate(row):
+        first.setdefault(action.stage, position)
+        last[action.stage] = position
+    starts = sorted(first, key=first.__getitem__)  # the device's jobs in the order it starts them
+    held, open_jobs, started, now = [], [], 0, ()
+    for position, action in enumerate(row):
+        if first[action.stage] == position:
+            open_jobs.append(action.stage)
+            started += 1
+            now = _holding(open_jobs, starts[started:started + 1])
+        held.append(now)
+        if last[action.stage] == position:  # only a job's first and last actions change what is held
+            open_jobs.remove(action.stage)
+            now = _holding(open_jobs, starts[started:started + 1])
+    return held
+
+
+def _holding(open_jobs: list[int], unstarted: list[int]) -> tuple[int, ...]:
+    """The open jobs, and the next unstarted one while fewer than two are open (``held_jobs``)."""
+    return tuple(open_jobs + unstarted) if len(open_jobs) < 2 else tuple(open_jobs)
+
+
 def peak_weight_layers(schedule) -> tuple[int, ...]:
-    """Per device, the most layers of weights resident at once under the pool's rule (``held_weights``):
+    """Per device, the most layers of weights resident at once under the pool's rule (``held_jobs``):
     with every job ending in the order it started, two consecutive jobs."""
-    groups = pool_groups(schedule)
-    size = {job: len(groups.layers(job)) for job in range(groups.num_stages)}
+    size = _job_layers(schedule)
     return tuple(_held_on_device(row, size)[1] for row in schedule.actions)
 
 
 def held_weights(schedule) -> tuple[int, int]:
-    """(most jobs, most layers) whose weights a device holds at once under the pool's rule
-    (``pool_worker._prefetch``): a job's weights arrive at its first action, or earlier as the prefetch of
-    the device's next unstarted job while fewer than two jobs are open, and go after its last action, in
-    whatever order the device ends its jobs. More than two jobs means the pool would load a third (and
+    """(most jobs open at once, most layers of weights held at once) on any device, under the pool's
+    rule (``held_jobs``): a job's weights arrive at its first action, or earlier as the prefetch of the
+    device's next unstarted job while fewer than two jobs are open, and go after its last action, in
+    whatever order the device ends its jobs. More than two open jobs means the pool would load a third (and
     ``steady_state(load_stream=True)`` would deadlock), so the generator refuses such an order."""
-    groups = pool_groups(schedule)
-    size = {job: len(groups.layers(job)) for job in range(groups.num_stages)}
+    size = _job_layers(schedule)
     held = [_held_on_device(row, size) for row in schedule.actions]
     return max((jobs for jobs, _ in held), default=0), max((layers for _, layers in held), default=0)
 
 
+def _job_layers(schedule) -> dict[int, int]:
+    groups = pool_groups(schedule)
+    return {job: len(groups.layers(job)) for job in range(groups.num_stages)}
+
+
 def _held_on_device(row, size: dict[int, int]) -> tuple[int, int]:
-    """(most jobs, most layers) one device's order holds at once (``held_weights``' rule)."""
-    last = {a.stage: position for position, a in enumerate(row)}
-    first = {a.stage: position for position, a in reversed(list(enumerate(row)))}
-    starts = sorted(first, key=first.__getitem__)  # the device's jobs in the order it starts them
-    open_jobs, started, most_jobs, most_layers = set(), 0, 0, 0
-    for position in sorted({*first.values(), *last.values()}):  # only a job's ends change what is held
-        job = row[position].stage
-        if position == first[job]:
-            open_jobs.add(job)
-            started += 1
-        prefetched = starts[started:started + 1] if len(open_jobs) < 2 else []
-        most_jobs = max(most_jobs, len(open_jobs))
-        most_layers = max(most_layers, sum(size[j] for j in [*open_jobs, *prefetched]))
-        if position == last[job]:
-            open_jobs.discard(job)
+    """(most jobs open, most layers held) at once in one device's order (``held_jobs``): the prefetched
+    job is the one in a tuple not yet started at that action, so it counts in the layers, not the jobs."""
+    begun, most_jobs, most_layers, before = set(), 0, 0, None
+    for action, jobs in zip(row, held_jobs(row), strict=True):
+        if jobs == before and action.stage in begun:
+            continue  # held as at the action before (the search asks this of every candidate: skip the sums)
+        begun.add(action.stage)
+        before = jobs
+        most_jobs = max(most_jobs, sum(job in begun for job in jobs))
+        most_layers = max(most_layers, sum(size[job] for job in jobs))
     return most_jobs, most_layers
 
 
