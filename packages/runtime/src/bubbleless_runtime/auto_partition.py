@@ -178,16 +178,23 @@ def measure(layers, sample_input, *, repeats: int = 5, device=None) -> Profile:
     layers' parameters are; the profiler moves each layer there).
     """
     device = _device_of(layers) if device is None else torch.device(device)
+    first, adapters = main_tensor_chain(layers, sample_input, device)
+    names = [f"{i}:{type(layer).__name__}" for i, layer in enumerate(layers)]
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):  # the profiler's grads go through autograd.grad, not .grad
+        return profile(adapters, first, repeats=repeats, warmup=1, device=device, names=names, name="pipeline layers")
+
+
+def main_tensor_chain(layers, sample_input, device) -> tuple[torch.Tensor, list[nn.Module]]:
+    """(the first layer's main tensor on ``device``, the layers as tensor -> tensor modules, ``_MainTensor``):
+    each adapter rebuilds its layer's whole input from the main tensor the one before it returned."""
     first, rebuild = _main_tensor(_to(sample_input, device))
     adapters, carry = [], _Carry(rebuild)
     for layer in layers:
         adapter = _MainTensor(layer, carry)
         adapters.append(adapter)
         carry = adapter.output
-    names = [f"{i}:{type(layer).__name__}" for i, layer in enumerate(layers)]
-    devices = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):  # the profiler's grads go through autograd.grad, not .grad
-        return profile(adapters, first, repeats=repeats, warmup=1, device=device, names=names, name="pipeline layers")
+    return first, adapters
 
 
 class _Carry:

@@ -32,6 +32,7 @@ from bubbleless_schedules.roundrobin_layout import PoolGroups, pool_groups
 from .arguments import check_microbatches
 from .auto_partition import measure
 from .pool_plan_cap import fits, generated_within, plan_peak_bytes
+from .pool_precision import bounded_over_precisions
 
 
 def groups_from_partition(partition: Partition) -> PoolGroups:
@@ -108,17 +109,31 @@ def layer_costs_of(profile: Profile, *, bandwidth: float | None) -> Costs:
 
 _CUT_OPTIONS = frozenset({"forward_stages", "backward_stages", "last_layers", "layer_costs", "num_layers"})
 _LAYER_COST_OPTIONS = frozenset({"recompute_ahead", "split_backward", "weight_limit"})
-"""``roundrobin`` options of its layer-cost dispatch only: the DP cuts' candidates run without them."""
+"""``roundrobin`` options of its layer-cost dispatch only (the plain dispatch refuses them): when the caller
+pins one, each DP cut is dispatched by the layer-cost generator with the cut pinned, so every candidate
+honours it (``dp_cut_options``)."""
+
+
+def dp_cut_options(name: str, options: dict, profile: Profile, *, bandwidth: float | None) -> dict:
+    """The options each DP cut's schedule is generated with: ``options`` as given, and for ``roundrobin``
+    with a layer-cost-only option pinned (``_LAYER_COST_OPTIONS``, e.g. ``split_backward=True``) the
+    per-layer costs as well, so the generator dispatches the pinned cut under the option rather than the
+    plain dispatch dropping it (a pinned option is never dropped: the fastest plan that honours it wins)."""
+    if name != "roundrobin" or not _LAYER_COST_OPTIONS & set(options):
+        return options
+    return {**options, "layer_costs": layer_costs_of(profile, bandwidth=bandwidth)}
 
 
 def auto_groups(profile: Profile, *, num_devices: int, num_microbatches: int, name: str, options: dict,
                 bandwidth: float | None, memory_cap: float | None) -> tuple[PoolGroups, Schedule, Costs]:
     """The cut and schedule the simulator predicts fastest among 1 .. 3 x devices backward groups and,
     for ``roundrobin`` with no cut options, the generator's own cut and dispatch from the per-layer costs.
+    Every candidate honours ``options``: a layer-cost-only one pinned (``split_backward=True``) has the DP
+    cuts dispatched by the layer-cost generator too (``dp_cut_options``).
     ``memory_cap``: bytes per group (``cut()``'s rule); no device of the returned plan holds more than
     ``2 x memory_cap`` (``pool_plan_cap.plan_peak_bytes``: two jobs' weights and the activations held)."""
     device_budget = None if memory_cap is None else 2 * memory_cap
-    cut_options = {k: v for k, v in options.items() if name != "roundrobin" or k not in _LAYER_COST_OPTIONS}
+    cut_options = dp_cut_options(name, options, profile, bandwidth=bandwidth)
     best = None
     errors = []
     smallest = None  # (peak bytes, group count) of the leanest cut that was over the budget
@@ -131,8 +146,16 @@ def auto_groups(profile: Profile, *, num_devices: int, num_microbatches: int, na
             continue
         groups = groups_from_partition(partition)
         costs = job_costs(profile, groups, bandwidth=bandwidth)
-        schedule = generate_pool(name, groups, num_layers=profile.num_layers, num_devices=num_devices,
-                                 num_microbatches=num_microbatches, costs=costs, options=cut_options)
+        try:
+            schedule = generate_pool(name, groups, num_layers=profile.num_layers, num_devices=num_devices,
+                                     num_microbatches=num_microbatches, costs=costs, options=cut_options)
+        except ValueError as error:  # a pinned option no dispatch of this cut meets (weight_limit)
+            if cut_options is options:
+                raise
+            errors.append(str(error))
+            continue
+        groups = pool_groups(schedule)  # the layer-cost generator may deal a job over devices
+        costs = job_costs(profile, groups, bandwidth=bandwidth)
         if not fits(schedule, profile, device_budget):  # a dispatch holding more than one micro-batch
             peak = max(plan_peak_bytes(schedule, profile))
             if smallest is None or peak < smallest[0]:
@@ -142,8 +165,14 @@ def auto_groups(profile: Profile, *, num_devices: int, num_microbatches: int, na
         if best is None or makespan < best[0] - 1e-12:
             best = (makespan, groups, schedule, costs)
     if name == "roundrobin" and not _CUT_OPTIONS & set(options):
-        for schedule in generated_within(profile, device_budget, layer_costs=layer_costs_of(profile, bandwidth=bandwidth),
-                                         num_devices=num_devices, num_microbatches=num_microbatches, options=options):
+        try:
+            generated = generated_within(profile, device_budget, layer_costs=layer_costs_of(profile, bandwidth=bandwidth),
+                                         num_devices=num_devices, num_microbatches=num_microbatches, options=options)
+        except ValueError:  # its own cuts miss a pinned option (weight_limit): a DP cut's plan may meet it
+            if best is None:
+                raise
+            generated = []
+        for schedule in generated:
             groups = pool_groups(schedule)
             costs = job_costs(profile, groups, bandwidth=bandwidth)
             makespan = simulate(schedule, costs).makespan
@@ -158,8 +187,11 @@ def auto_groups(profile: Profile, *, num_devices: int, num_microbatches: int, na
                    f"{device_budget:.0f}; the layer-cost generator found none within it either")
         else:
             why = errors[-1] if errors else "the layer-cost generator found none either"
+        pinned = sorted(_LAYER_COST_OPTIONS & set(options)) if cut_options is not options else []
+        held = (f" with schedule_options {', '.join(f'{k}={options[k]!r}' for k in pinned)} (every plan tried "
+                "honours them; drop them to let the planner choose)" if pinned else "")
         raise ValueError(
-            f"no round-robin plan of the {profile.num_layers} layers over {num_devices} devices fits {cap}: "
+            f"no round-robin plan of the {profile.num_layers} layers over {num_devices} devices fits {cap}{held}: "
             f"{why}. Raise the cap (the device budget) to at least that peak, use shorter sequences or more "
             "micro-batches of the same batch, or pin smaller groups with partition="
         )
@@ -167,15 +199,19 @@ def auto_groups(profile: Profile, *, num_devices: int, num_microbatches: int, na
 
 
 def profile_layers(layers, sample_input, device: torch.device) -> Profile:
-    """The layers timed on ``device`` (the pool's first) on one micro-batch. The model is in host memory
-    and need not fit on the device: each layer is copied there in turn (``OneLayerOnDevice``)."""
+    """The layers timed on ``device`` (the pool's first) on one micro-batch, their bytes at the most any
+    precision a step may run in keeps (``pool_precision``: the caller's autocast is known only at ``step``).
+    The model is in host memory and need not fit on the device: each layer is copied there in turn
+    (``OneLayerOnDevice``)."""
     if sample_input is None:
         raise ValueError(
             "partition='auto' profiles the layers on one micro-batch: pass sample_input= (e.g. "
             "inputs.chunk(num_microbatches)[0]), or give partition= a Profile, a Partition or a PoolGroups"
         )
     slot: dict = {}
-    return measure([OneLayerOnDevice(layer, device, slot) for layer in layers], sample_input, device=device)
+    on_device = [OneLayerOnDevice(layer, device, slot) for layer in layers]
+    measured = measure(on_device, sample_input, device=device)
+    return bounded_over_precisions(measured, on_device, sample_input, device)
 
 
 class OneLayerOnDevice(nn.Module):

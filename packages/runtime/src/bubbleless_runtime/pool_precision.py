@@ -1,0 +1,92 @@
+"""The pool's profile made to hold whatever precision a step runs in: each layer's bytes at their most.
+
+The automatic plan and the fit check (``pool_plan_cap``, ``pool_memory``) are made when
+``RoundRobinPipeline`` is built, from a profile of the layers taken then. The caller's autocast reaches the
+workers only at ``step``, and a caller usually builds the pipeline outside it. Under autocast, with the
+cast cache off as the workers run it (``pool_worker.run_worker``), every forward with a graph casts each
+float32 weight anew, and the op saves that copy for its backward. So each held micro-batch keeps its own
+low-precision copy of its group's matrices. The run-time budget counts it (a new storage, not a
+parameter); a float32 profile does not. The activations themselves mostly shrink to two bytes, but not
+everywhere: a float32 tensor that one op saves and the next linear saves again as its cast copy is
+kept twice.
+
+So ``bounded_over_precisions`` measures each layer's saved bytes (and its output's) once more in each of
+``PRECISIONS`` (none: float32, and autocast at each two-byte dtype, cast cache off). Each run is a
+chain, every layer fed the output of the one before it in that precision. The profile then keeps, per
+layer, the most of those counts and the measured ones. Layer by layer this is an upper bound of what the
+executor reserves in any of them, and so it is for a group too: a storage two layers save counts in each
+(``bubbleless_partition.measure``). Timings are left as measured.
+
+The cost is that a float32 step is planned with room for the autocast copies: under ``memory_budget`` a
+plan that would fit float32 alone can be refused, or cut finer. A profile passed as ``partition=`` is
+the caller's and is used as given.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import replace
+
+import torch
+
+from bubbleless_partition import Profile
+from bubbleless_partition.saved_tensors import SavedStorages
+
+from .auto_partition import main_tensor_chain
+
+PRECISIONS = (None, torch.bfloat16, torch.float16)
+"""What a step may run in: None for no autocast, else the autocast dtype (both two bytes, but each has its
+own kernels: measured, not assumed alike)."""
+
+
+def bounded_over_precisions(measured: Profile, layers, sample_input, device: torch.device) -> Profile:
+    """``measured`` with each layer's activation and output bytes per token raised to the most found in any
+    of ``PRECISIONS`` (module docstring). ``layers`` are the profiled ones, moved to ``device`` as the
+    profiler moves them (``module.to``)."""
+    counted = saved_and_output_bytes(layers, sample_input, device)
+    tokens = measured.tokens_per_microbatch
+    widened = tuple(
+        replace(cost, activation_bytes_per_token=max(cost.activation_bytes_per_token, saved / tokens),
+                output_bytes_per_token=max(cost.output_bytes_per_token, output / tokens))
+        for cost, (saved, output) in zip(measured.layers, counted, strict=True))
+    return measured.with_(layers=widened)
+
+
+def saved_and_output_bytes(layers, sample_input, device: torch.device) -> list[tuple[int, int]]:
+    """Per layer, the most bytes over ``PRECISIONS`` of what one forward saves for its backward (each storage
+    once, the layer's parameters and buffers left out, its input not: ``SavedStorages``) and of its output.
+    Each layer is moved to ``device`` once and run in every precision before the next one is moved."""
+    chains = []
+    for dtype in PRECISIONS:
+        first, adapters = main_tensor_chain(layers, sample_input, device)
+        chains.append([dtype, adapters, first.clone(memory_format=torch.contiguous_format)])
+    out = []
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices), warnings.catch_warnings():
+        # a dtype the device's autocast lacks runs without autocast (torch warns): float32 again, harmless
+        warnings.simplefilter("ignore", UserWarning)
+        for index in range(len(layers)):
+            most_saved = most_output = 0
+            for chain in chains:
+                dtype, adapters, x = chain
+                layer = adapters[index].to(device)
+                saved, y = _forward_counted(layer, x, device, dtype)
+                most_saved, most_output = max(most_saved, saved), max(most_output, y.numel() * y.element_size())
+                chain[2] = y.detach()
+            out.append((most_saved, most_output))
+    return out
+
+
+def _forward_counted(layer, x: torch.Tensor, device: torch.device, dtype) -> tuple[int, torch.Tensor]:
+    """(bytes ``layer``'s forward on ``x`` saves for its backward, its output), under autocast at ``dtype``
+    with the cast cache off (None: none), as a pool worker runs it."""
+    x = x.detach().requires_grad_(x.is_floating_point())
+    context = (torch.autocast(device_type=device.type, dtype=dtype, cache_enabled=False) if dtype is not None
+               else torch.autocast(device_type=device.type, enabled=False))
+    with context, SavedStorages(excluded=[*layer.parameters(), *layer.buffers()]) as saved:
+        y = layer(x)  # held while counting: its graph, and what that saved, lives as long as it does
+        kept = saved.live
+    return kept, y
+
+
+__all__ = ["PRECISIONS", "bounded_over_precisions", "saved_and_output_bytes"]
