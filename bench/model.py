@@ -22,7 +22,8 @@ if str(ROOT) not in sys.path:  # run as a script: make `bench` importable
 
 from bench.modelled import Point, predict, systems  # noqa: E402
 from bench.modelled.common import PRECISIONS  # noqa: E402
-from bubbleless_partition import HARDWARE, SHAPES, hardware, load_hardware, shape  # noqa: E402
+from bench.modelled.cpu_ops import load_cpu_profile  # noqa: E402
+from bubbleless_partition import HARDWARE, SHAPES, hardware, shape  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "modelled.md"
 DEFAULT_LORA = {"qwen3-235b-a22b": 16}
@@ -53,7 +54,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def point_of(args: argparse.Namespace) -> Point:
     path = Path(args.hardware)
-    hw = load_hardware(path) if path.suffix in (".yaml", ".yml") else hardware(args.hardware)
+    # a YAML profile with its measured small-op rates when they lie beside it (cpu.yaml + cpu_ops.yaml),
+    # priced as the calibration and the report price it (``profile_of``); a GPU profile file loads as it is
+    hw = load_cpu_profile(path) if path.suffix in (".yaml", ".yml") else hardware(args.hardware)
     lora = DEFAULT_LORA.get(args.model) if args.lora_rank is None else (args.lora_rank or None)
     return Point(shape=shape(args.model), hardware=hw, gpus=args.gpus, seq_len=args.seq_len,
                  micro_batch=args.micro_batch, global_batch=args.global_batch, precision=args.precision,

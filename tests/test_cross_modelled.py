@@ -76,6 +76,28 @@ def test_cross_modelled_cli_prints_one_point_as_json():
         predict("zero-infinity", Point(shape=shape("qwen3-1.7b"), hardware=RTX_4090, gpus=8, seq_len=2048)).tokens_per_s)
 
 
+def test_cross_modelled_cli_prices_the_cpu_profile_file_with_its_small_op_rates():
+    """``--hardware bench/modelled/cpu.yaml`` loads the measured small-op rates beside it (cpu_ops.yaml),
+    as the calibration does (``cpu_hardware``); ``load_hardware`` alone left them out and priced the CPU
+    as a GPU, at its sustained rate."""
+    from bench.model import main, parse_args, point_of
+    from bench.modelled.cpu_ops import CpuHardware
+    from bubbleless_partition import load_hardware
+
+    path = ROOT / "bench" / "modelled" / "cpu.yaml"
+    args = ["--hardware", str(path), "--gpus", "2", "--model", "qwen3-1.7b", "--system", "roundrobin",
+            "--seq-len", "128", "--global-batch", "4"]
+    point = point_of(parse_args(args))
+    assert isinstance(point.hardware, CpuHardware) and point.hardware == cpu_hardware(path)
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert main([*args, "--json"]) == 0
+    tokens_per_s = json.loads(out.getvalue())["tokens_per_s"]
+    assert tokens_per_s == pytest.approx(predict("roundrobin", point).tokens_per_s)
+    without_small_ops = predict("roundrobin", replace(point, hardware=load_hardware(path))).tokens_per_s
+    assert tokens_per_s != pytest.approx(without_small_ops)
+
+
 def test_cross_modelled_figure_snapshot():
     """8x RTX 4090, Qwen3-1.7B, seq 2048, 32 sequences per step (the results table's headline row)."""
     point = Point(shape=shape("qwen3-1.7b"), hardware=RTX_4090, gpus=8, seq_len=2048)
