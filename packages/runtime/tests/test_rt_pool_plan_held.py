@@ -21,7 +21,7 @@ from bubbleless_runtime.pool_plan_cap import (
     plan_peak_bytes,
 )
 from bubbleless_schedules import Costs, Schedule, generate
-from bubbleless_schedules.roundrobin_layout import peak_weight_layers, pool_groups
+from bubbleless_schedules.roundrobin_layout import pool_groups
 
 
 def _costs(layers: int, head: float = 1.0) -> Costs:
@@ -39,12 +39,11 @@ def _ends_a_later_started_job_first(row) -> bool:
 
 @pytest.mark.parametrize(("devices", "layers", "microbatches", "split"), [
     (2, 6, 2, None), (3, 8, 3, None), (3, 8, 3, True), (3, 13, 6, True), (4, 8, 4, None), (4, 10, 8, False)])
-def test_rt_pool_held_jobs_are_held_weights_rule_at_every_action(devices, layers, microbatches, split):
+def test_rt_pool_generated_plans_hold_at_most_two_jobs_weights(devices, layers, microbatches, split):
+    # held_jobs is the schedules package's rule (its own tests check it by hand); here: the plans the
+    # estimator walks never ask a device for a third job's weights.
     schedule = generate("roundrobin", num_ranks=devices, num_microbatches=microbatches,
                         layer_costs=_costs(layers, 3.0 if layers == 13 else 1.0), split_backward=split)
-    groups = pool_groups(schedule)
-    most = tuple(max(sum(len(groups.layers(j)) for j in jobs) for jobs in held_jobs(row)) for row in schedule.actions)
-    assert most == peak_weight_layers(schedule)
     assert all(len(jobs) <= 2 for row in schedule.actions for jobs in held_jobs(row))
 
 

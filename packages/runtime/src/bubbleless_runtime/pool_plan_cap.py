@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from bubbleless_partition import Profile
 from bubbleless_schedules import Schedule, generate
 from bubbleless_schedules.action import Kind
-from bubbleless_schedules.roundrobin_layout import peak_weight_layers, pool_groups
+from bubbleless_schedules.roundrobin_layout import held_jobs, peak_weight_layers, pool_groups
 
 
 def plan_peak_bytes(schedule: Schedule, profile: Profile) -> tuple[float, ...]:
@@ -108,25 +108,6 @@ def device_peak_walk(schedule: Schedule, weights, held_bytes, passing_bytes=None
                 held.pop(key, None)
         peaks.append(worst)
     return peaks
-
-
-def held_jobs(row) -> list[tuple[int, ...]]:
-    """Per action of one device's order, the jobs whose weights the device holds while it runs: the jobs
-    open then (started, not yet at their last action), in the order they started, and the next job to
-    start while fewer than two are open. This is ``roundrobin_layout.held_weights``' rule at every
-    action (that function keeps only its most): the planner, the fit check, the generator's weight
-    limit and the pool's prefetch count the same jobs."""
-    first, last = {}, {}
-    for position, action in enumerate(row):
-        first.setdefault(action.stage, position)
-        last[action.stage] = position
-    starts = sorted(first, key=first.__getitem__)
-    out, started = [], 0
-    for position, action in enumerate(row):
-        started += first[action.stage] == position
-        open_jobs = [job for job in starts[:started] if last[job] >= position]
-        out.append(tuple(open_jobs + (starts[started:started + 1] if len(open_jobs) < 2 else [])))
-    return out
 
 
 def fits(schedule: Schedule, profile: Profile, device_budget: float | None) -> bool:
