@@ -29,12 +29,12 @@ A GPU profile has none of them and is priced as before.
 
 from __future__ import annotations
 
-import statistics
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bubbleless_partition import Hardware, load_hardware
+
+from .cpu_profile import median_thread_seconds
 
 FORMAT = "bubbleless-bench/cpu-ops-v1"
 
@@ -106,13 +106,7 @@ def _thread_seconds(make, repeats: int, cold_bytes: int) -> float:
         for call in calls:
             call()
 
-    sweep()
-    times = []
-    for _ in range(repeats):
-        start = time.thread_time()
-        sweep()
-        times.append(time.thread_time() - start)
-    return statistics.median(times) / len(calls)
+    return median_thread_seconds(sweep, repeats) / len(calls)
 
 
 def measure_small_ops(*, tokens: int = 256, hidden: int = 256, intermediate: int = 768, heads: int = 4,

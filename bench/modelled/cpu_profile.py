@@ -34,7 +34,7 @@ from bubbleless_partition import Hardware, hardware_from_dict
 DEFAULT_PATH = Path(__file__).with_name("cpu.yaml")
 
 
-def _median_seconds(fn, repeats: int = 5) -> float:
+def median_thread_seconds(fn, repeats: int = 5) -> float:
     """Median thread CPU seconds of ``fn()`` (one untimed call first)."""
     fn()
     times = []
@@ -67,11 +67,11 @@ def _measure(torch, gemm: tuple[int, int, int], copy_mib: int, adam_params: int)
     tflops = {}
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         a, b = torch.randn(rows, inner, dtype=dtype), torch.randn(inner, columns, dtype=dtype)
-        seconds = _median_seconds(lambda a=a, b=b: torch.mm(a, b), repeats=21)
+        seconds = median_thread_seconds(lambda a=a, b=b: torch.mm(a, b), repeats=21)
         tflops[name] = round(2 * rows * inner * columns / seconds / 1e12, 4)
     source = torch.empty(copy_mib << 20, dtype=torch.uint8)
     target = torch.empty_like(source)
-    memory_gb_s = round(2 * source.numel() / _median_seconds(lambda: target.copy_(source)) / 1e9, 2)
+    memory_gb_s = round(2 * source.numel() / median_thread_seconds(lambda: target.copy_(source)) / 1e9, 2)
     host_gb_s = round(copy_bandwidth(torch.device("cpu")), 2)
     adam, fused = (_adam_rate(torch, adam_params, fused=f) for f in (False, True))
     ram_gib = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
@@ -108,7 +108,7 @@ def _adam_rate(torch, adam_params: int, *, fused: bool) -> float:
         optimizer = torch.optim.AdamW([param], lr=1e-3, fused=fused or None)
     except (RuntimeError, TypeError):  # a torch without the fused CPU kernel
         optimizer = torch.optim.AdamW([param], lr=1e-3)
-    return round(adam_params / _median_seconds(optimizer.step, repeats=3), -3)
+    return round(adam_params / median_thread_seconds(optimizer.step, repeats=3), -3)
 
 
 def write_cpu_profile(path: str | Path = DEFAULT_PATH) -> Hardware:
