@@ -112,8 +112,11 @@ def test_rt_pool_tied_weight_gradients_sum_over_both_jobs():
 
 def test_rt_pool_hand_edited_csv_schedule_runs(tmp_path):
     """The schedule is data here too: saved, edited (job 1 moved to device 3, LOAD/STORE removed), run."""
-    generated = generate("roundrobin", num_ranks=4, num_microbatches=4, num_layers=7, forward_stages=[3, 2],
-                         last_layers=2, backward_stages=[1, 2, 2], weight_transfers=False)
+    generated = Schedule.from_text(  # job k on device k mod 4, without LOAD/STORE
+        "# bubbleless-schedule name=roundrobin stages=6 microbatches=4 layout=roundrobin meta.forward_layers=3,2 "
+        "meta.last_layers=2 meta.backward_layers=1,2,2\n"
+        "0F0 0F1 0F2 0F3 4R0 4B0 4R1 4B1 4R2 4B2 4R3 4B3\n1F0 1F1 1F2 1F3 5R0 5B0 5R1 5B1 5R2 5B2 5R3 5B3\n"
+        "2F0 2B0 2F1 2B1 2F2 2B2 2F3 2B3\n3R0 3B0 3R1 3B1 3R2 3B2 3R3 3B3\n")
     rows = [list(r) for r in generated.actions]
     moved = [a for a in rows[1] if a.stage == 1]
     rows[1] = [a for a in rows[1] if a.stage != 1]
@@ -298,21 +301,47 @@ def test_rt_pool_interrupt_in_the_caller_stops_every_worker_and_the_next_step_wo
     _assert_same(model, ref, inputs, targets, 4, loss)
 
 
-def test_rt_pool_runs_the_layer_cost_dispatch_with_recompute_ahead():
-    """``roundrobin`` with layer_costs may start the next job's recompute before the current job ends and
-    deal jobs to the first free device: the pool runs that order, never holds three jobs' weights, and
-    the gradients equal the unpipelined model's."""
-    from bubbleless_schedules import Costs
+RECOMPUTED_AHEAD = Schedule.from_text(
+    "# bubbleless-schedule name=roundrobin stages=9 microbatches=4 layout=roundrobin meta.forward_layers=3,3 "
+    "meta.last_layers=2 meta.backward_layers=1,1,1,1,1,1\n"
+    "0LOAD 0F0 0F1 0F2 0F3 2LOAD 2F0 2B0 2F1 2B1 2STORE 3LOAD 3R0 3R1 3B0 3R2 3B1 3R3 3B2 3B3 3STORE 5LOAD 5R0 5B0 "
+    "5R1 5B1 5R2 5B2 5R3 5B3 5STORE 7LOAD 7R0 7B0 7R1 7B1 7R2 7B2 7R3 7B3 7STORE\n"
+    "1LOAD 1F0 1F1 1F2 1F3 2LOAD 2F2 2B2 2F3 2B3 2STORE 4LOAD 4R0 4B0 4R1 4B1 4R2 4B2 4R3 6LOAD 6R0 4B3 4STORE 6B0 "
+    "6R1 6B1 6R2 6B2 6R3 6B3 6STORE 8LOAD 8R0 8B0 8R1 8B1 8R2 8B2 8R3 8B3 8STORE\n")
+"""Written out (not generated: the generator's choice may change): the fused group dealt over both devices,
+device 0 recomputing two micro-batches of job 3 ahead, device 1 job 6's first before job 4's last B."""
+
+
+def _recomputes_into_the_next_job(schedule) -> bool:
+    """Some device runs an R of a job before the last B of a job it started earlier."""
+    return any(a.kind.value == "R" and any(b.kind.value == "B" and b.stage < a.stage for b in row[i + 1:])
+               for row in schedule.actions for i, a in enumerate(row))
+
+
+def _recomputes_two_ahead(schedule) -> bool:
+    """Some device holds two micro-batches of one job recomputed (R) and not yet backpropagated (B)."""
+    for row in schedule.actions:
+        open_ = set()
+        for a in row:
+            if a.kind.value == "R":
+                open_.add((a.stage, a.microbatch))
+                if sum(stage == a.stage for stage, _ in open_) >= 2:
+                    return True
+            elif a.kind.value == "B":
+                open_.discard((a.stage, a.microbatch))
+    return False
+
+
+def test_rt_pool_runs_recompute_ahead_into_the_next_job_and_two_micro_batches_ahead():
+    """What ``roundrobin`` with layer_costs may emit: the next job's recompute started before the current job
+    ends, and two micro-batches recomputed ahead. The pool runs that order, never holds three jobs' weights,
+    and the gradients equal the unpipelined model's."""
     from bubbleless_schedules.roundrobin_layout import pool_groups
 
+    schedule = RECOMPUTED_AHEAD
+    assert _recomputes_into_the_next_job(schedule) and _recomputes_two_ahead(schedule), schedule.render()
     model, ref = tiny_model(8), tiny_model(8)
     inputs, targets = tiny_batch(8)
-    layer_costs = Costs([1.0] * 7 + [3.0], [1.2] * 7 + [3.0], [1.2] * 7 + [3.0], 0.1)
-    schedule = generate("roundrobin", num_ranks=2, num_microbatches=4, layer_costs=layer_costs,
-                        backward_stages=[1, 1, 1, 1, 1, 1], last_layers=2, forward_stages=[3, 3], recompute_ahead=2)
-    ahead = any(a.kind.value == "R" and any(b.kind.value == "B" and b.stage != a.stage for b in row[i + 1:])
-                for row in schedule.actions for i, a in enumerate(row))
-    assert ahead, schedule.render()  # some device recomputes into its next job while the current one waits
     pipe = RoundRobinPipeline(model, devices=["cpu", "cpu"], num_microbatches=4, loss_fn=tiny_loss,
                               schedule=schedule, partition=pool_groups(schedule), timeout=60)
     _assert_same_with_two_jobs_weights_at_most(pipe, model, ref, inputs, targets)
@@ -343,15 +372,22 @@ def test_rt_pool_auto_plan_also_tries_the_layer_cost_dispatch_and_keeps_the_fast
     _assert_same(model, ref, inputs, targets, 4, loss)
 
 
+NEXT_JOB_IN_THE_WAITS = Schedule.from_text(
+    "# bubbleless-schedule name=roundrobin stages=9 microbatches=4 layout=roundrobin meta.forward_layers=3,3 "
+    "meta.last_layers=2 meta.backward_layers=1,1,1,1,1,1\n"
+    "0LOAD 0F0 0F1 0F2 0F3 2LOAD 2F0 2B0 2F1 2B1 2F2 2B2 2F3 2B3 2STORE 4LOAD 4R0 4B0 4R1 4B1 4R2 4B2 4R3 4B3 4STORE "
+    "6LOAD 6R0 6B0 6R1 6B1 6R2 6B2 6R3 6B3 6STORE 8LOAD 8R0 8B0 8R1 8B1 8R2 8B2 8R3 8B3 8STORE\n"
+    "1LOAD 1F0 1F1 1F2 1F3 3LOAD 3R0 5LOAD 5R0 5R1 5R2 5R3 3B0 3R1 3B1 3R2 3B2 3R3 3B3 3STORE 7LOAD 7R0 5B0 7R1 5B1 "
+    "7R2 5B2 7R3 5B3 5STORE 7B0 7B1 7B2 7B3 7STORE\n")
+"""The layer-cost search's dispatch with the next job recomputed in the waits (``next_ahead=4``), as it
+emitted it at f06d1d3, written out so the test does not follow the search's later choices."""
+
+
 def test_rt_pool_runs_the_next_jobs_recompute_in_the_current_jobs_waits():
     """A device recomputes its next backward job (jobs k mod N) while the current one waits for gradients:
     the pool runs that order within two jobs' weights and matches the unpipelined gradients."""
-    from bubbleless_schedules import Costs
-    from bubbleless_schedules.generators.roundrobin_search import dispatched
-
     groups = PoolGroups((3, 3), 2, (1, 1, 1, 1, 1, 1))
-    layer_costs = Costs([1.0] * 7 + [3.0], [1.2] * 7 + [3.0], [1.2] * 7 + [3.0], 0.1)
-    schedule, _, _ = dispatched(groups, layer_costs, num_devices=2, num_microbatches=4, ahead=1, next_ahead=4)
+    schedule = NEXT_JOB_IN_THE_WAITS
     assert any(a.kind.value == "R" and any(b.kind.value == "B" and b.stage < a.stage for b in row[i + 1:])
                for row in schedule.actions for i, a in enumerate(row)), schedule.render()
     model, ref = tiny_model(8), tiny_model(8)
@@ -415,20 +451,28 @@ def _logits_loss(output, target):
         + 0.01 * aux.sum()
 
 
+SPLIT_BACKWARD = Schedule.from_text(
+    "# bubbleless-schedule name=roundrobin stages=7 microbatches=4 layout=roundrobin meta.forward_layers=3,3 "
+    "meta.last_layers=2 meta.backward_layers=1,1,2,2\n"
+    "0LOAD 0F0 0F1 0F2 0F3 2LOAD 2F0 2I0 2F1 2I1 2W0 2W1 2STORE 3LOAD 3R0 3I0 3R1 3I1 3W0 3R2 3I2 3W1 3R3 3I3 3W2 "
+    "3W3 3STORE 5LOAD 5R0 5I0 5R1 5I1 5W0 5R2 5I2 5W1 5R3 5I3 5W2 5W3 5STORE\n"
+    "1LOAD 1F0 1F1 1F2 1F3 2LOAD 2F2 2I2 2F3 2I3 2W2 2W3 2STORE 4LOAD 4R0 4I0 4R1 4I1 4W0 4R2 4I2 4W1 4R3 4I3 4W2 "
+    "4W3 4STORE 6LOAD 6R0 6I0 6R1 6I1 6W0 6R2 6I2 6W1 6R3 6I3 6W2 6W3 6STORE\n")
+"""``roundrobin`` with ``split_backward=True`` on this cut at f06d1d3, written out: every B as I then W."""
+
+
 def test_rt_pool_split_backward_runs_an_unfused_head_outside_the_deferral():
     """Without a fused head the last group's final module (the LM head) runs outside the split backward's
     deferral, as the fused head does: after the last group's I what W keeps is the group's body only,
     never the logits-sized gradient; the gradients are the unpipelined model's."""
     from bubbleless_runtime import pool_worker
-    from bubbleless_schedules import Costs, Kind
+    from bubbleless_schedules import Kind
 
     def model():
         torch.manual_seed(3)
         return nn.Sequential(*tiny_model(7), _LogitsHead()).double().float()
 
-    costs = Costs([1.0] * 7 + [3.0], [1.2] * 7 + [3.0], [1.2] * 7 + [3.0], 0.1)
-    schedule = generate("roundrobin", num_ranks=2, num_microbatches=4, layer_costs=costs, split_backward=True,
-                        forward_stages=[3, 3], last_layers=2, backward_stages=[1, 1, 2, 2])
+    schedule = SPLIT_BACKWARD  # every micro-batch of the last group split into I and W
     net, ref = model(), model()
     pipe = RoundRobinPipeline(net, devices=["cpu", "cpu"], num_microbatches=4, loss_fn=_logits_loss, schedule=schedule,
                               timeout=60)

@@ -11,19 +11,59 @@ import pytest
 from bubbleless_runtime import pool_worker
 from bubbleless_runtime._testing import reference_grads, relative_error, tiny_batch, tiny_loss, tiny_model
 from bubbleless_runtime.pool import RoundRobinPipeline
-from bubbleless_schedules import Action, Costs, Kind, generate
-from bubbleless_schedules.generators.roundrobin_search import dispatched
-from bubbleless_schedules.roundrobin_layout import PoolGroups, pool_groups
+from bubbleless_schedules import Action, Kind, Schedule
+from bubbleless_schedules.roundrobin_layout import pool_groups
 
 CPU2 = ["cpu", "cpu"]
 M = 4
-LAYER_COSTS = Costs([1.0] * 7 + [3.0], [1.2] * 7 + [3.0], [1.2] * 7 + [3.0], 0.1)
-CUT = {"forward_stages": [3, 3], "last_layers": 2, "backward_stages": [1, 1, 2, 2]}
+HEADER = "# bubbleless-schedule name=roundrobin microbatches=4 layout=roundrobin "
+SCHEDULES = {
+    # what ``roundrobin`` emitted at f06d1d3 (layer costs [1.0] x 7 + [3.0], I = W = 1.2, split_backward=True), written
+    # out so each test keeps the order it needs whatever the generator picks later:
+    # on the cut forward [3, 3], last 2, backward [1, 1, 2, 2]: every W deferred past the next micro-batch's I
+    "pinned": HEADER + "stages=7 meta.forward_layers=3,3 meta.last_layers=2 meta.backward_layers=1,1,2,2\n"
+    "0LOAD 0F0 0F1 0F2 0F3 2LOAD 2F0 2I0 2F1 2I1 2W0 2W1 2STORE 3LOAD 3R0 3I0 3R1 3I1 3W0 3R2 3I2 3W1 3R3 3I3 3W2 "
+    "3W3 3STORE 5LOAD 5R0 5I0 5R1 5I1 5W0 5R2 5I2 5W1 5R3 5I3 5W2 5W3 5STORE\n"
+    "1LOAD 1F0 1F1 1F2 1F3 2LOAD 2F2 2I2 2F3 2I3 2W2 2W3 2STORE 4LOAD 4R0 4I0 4R1 4I1 4W0 4R2 4I2 4W1 4R3 4I3 4W2 "
+    "4W3 4STORE 6LOAD 6R0 6I0 6R1 6I1 6W0 6R2 6I2 6W1 6R3 6I3 6W2 6W3 6STORE\n",
+    # on its own cut: one forward group, the fused group's W all after its last I
+    "chosen": HEADER + "stages=6 meta.forward_layers=6 meta.last_layers=2 meta.backward_layers=1,2,2,1\n"
+    "0LOAD 0F0 0F1 0F2 0F3 2LOAD 2R0 2I0 2W0 2R1 2I1 2W1 2R2 2I2 2W2 2R3 2I3 2W3 2STORE 3LOAD 3R0 3I0 3W0 3R1 3I1 3W1 "
+    "3R2 3I2 3W2 3R3 3I3 3W3 3STORE 5LOAD 5R0 5I0 5W0 5R1 5I1 5W1 5R2 5I2 5W2 5R3 5I3 5W3 5STORE\n"
+    "1LOAD 1F0 1I0 1F1 1I1 1F2 1I2 1F3 1I3 1W0 1W1 1W2 1W3 1STORE 4LOAD 4R0 4I0 4W0 4R1 4I1 4W1 4R2 4I2 4W2 4R3 4I3 "
+    "4W3 4STORE\n",
+    # the fused group split over both devices, micro-batches interleaved (the search's ``split_job``)
+    "fused-over-two": HEADER + "stages=7 meta.forward_layers=3,3 meta.last_layers=2 meta.backward_layers=1,1,2,2\n"
+    "0LOAD 0F0 0F1 0F2 0F3 2LOAD 2F0 2I0 2F2 2I2 2W0 2W2 2STORE 3LOAD 3R0 3I0 3W0 3R1 3I1 3W1 3R2 3I2 3W2 3R3 3I3 3W3 "
+    "3STORE 5LOAD 5R0 5I0 5W0 5R1 5I1 5W1 5R2 5I2 5W2 5R3 5I3 5W3 5STORE\n"
+    "1LOAD 1F0 1F1 1F2 1F3 2LOAD 2F1 2I1 2F3 2I3 2W1 2W3 2STORE 4LOAD 4R0 4I0 4W0 4R1 4I1 4W1 4R2 4I2 4W2 4R3 4I3 4W3 "
+    "4STORE 6LOAD 6R0 6I0 6W0 6R1 6I1 6W1 6R2 6I2 6W2 6R3 6I3 6W3 6STORE\n",
+    # 8 equal layers on 3 devices, without split_backward: devices 0 and 2 start a backward job, then run their
+    # share of the fused job 5 from LOAD to STORE before ending it
+    "later-started-ends-first": HEADER + "stages=12 meta.forward_layers=1,1,1,1,2 meta.last_layers=2 "
+    "meta.backward_layers=1,1,1,1,1,1\n"
+    "0LOAD 0F0 0F1 0F2 0F3 3LOAD 3F0 3F1 3F2 3F3 8LOAD 8R0 8R1 5LOAD 5F1 5I1 5F3 5I3 5W1 5W3 5STORE 8I0 8W0 8I1 8W1 "
+    "8R2 8I2 8W2 8R3 8I3 8W3 8STORE 11LOAD 11R0 11I0 11W0 11R1 11I1 11W1 11R2 11I2 11W2 11R3 11I3 11W3 11STORE\n"
+    "1LOAD 1F0 1F1 1F2 1F3 4LOAD 4F0 4F1 4F2 4F3 6LOAD 6R0 6I0 6W0 6R1 6I1 6W1 6R2 6I2 6W2 6R3 6I3 6W3 6STORE 9LOAD "
+    "9R0 9I0 9W0 9R1 9I1 9W1 9R2 9I2 9W2 9R3 9I3 9W3 9STORE\n"
+    "2LOAD 2F0 2F1 2F2 2F3 7LOAD 7R0 5LOAD 5F0 5I0 5F2 5I2 5W0 5W2 5STORE 7I0 7W0 7R1 7I1 7W1 7R2 7I2 7W2 7R3 7I3 "
+    "7W3 7STORE 10LOAD 10R0 10I0 10W0 10R1 10I1 10W1 10R2 10I2 10W2 10R3 10I3 10W3 10STORE\n",
+    # B whole (no split_backward) on the pinned cut, one micro-batch recomputed at a time
+    # a tiny Qwen3's 6 layers (costs [1.0] x 5 + [2.0]) on forward [2, 2], last 2, backward [1, 2, 1]
+    "qwen3-lora": HEADER + "stages=6 meta.forward_layers=2,2 meta.last_layers=2 meta.backward_layers=1,2,1\n"
+    "0LOAD 0F0 0F1 0F2 0F3 2LOAD 2F0 2I0 2F1 2I1 2W0 2W1 2STORE 3LOAD 3R0 3I0 3R1 3I1 3W0 3R2 3I2 3W1 3R3 3I3 3W2 "
+    "3W3 3STORE 5LOAD 5R0 5I0 5R1 5I1 5W0 5R2 5I2 5W1 5R3 5W2 5I3 5W3 5STORE\n"
+    "1LOAD 1F0 1F1 1F2 1F3 2LOAD 2F2 2I2 2F3 2I3 2W2 2W3 2STORE 4LOAD 4R0 4I0 4R1 4I1 4W0 4R2 4I2 4W1 4R3 4I3 4W2 "
+    "4W3 4STORE\n",
+    "whole": HEADER + "stages=7 meta.forward_layers=3,3 meta.last_layers=2 meta.backward_layers=1,1,2,2\n"
+    "0LOAD 0F0 0F1 0F2 0F3 2LOAD 2F0 2B0 2F1 2B1 2F2 2B2 2F3 2B3 2STORE 4LOAD 4R0 4B0 4R1 4B1 4R2 4B2 4R3 4B3 4STORE "
+    "6LOAD 6R0 6B0 6R1 6B1 6R2 6B2 6R3 6B3 6STORE\n"
+    "1LOAD 1F0 1F1 1F2 1F3 3LOAD 3R0 3B0 3R1 3B1 3R2 3B2 3R3 3B3 3STORE 5LOAD 5R0 5B0 5R1 5B1 5R2 5B2 5R3 5B3 5STORE\n",
+}
 
 
-def _split_schedule(num_devices=2, layer_costs=LAYER_COSTS, **cut):
-    schedule = generate("roundrobin", num_ranks=num_devices, num_microbatches=M, layer_costs=layer_costs,
-                        split_backward=True, **cut)
+def _split_schedule(name="pinned"):
+    schedule = Schedule.from_text(SCHEDULES[name])
     kinds = {a.kind for _, _, a in schedule.all_actions()}
     assert {Kind.I, Kind.W} <= kinds and Kind.B not in kinds, schedule.render()
     return schedule
@@ -45,7 +85,7 @@ def _assert_unpipelined(model, ref, inputs, targets, loss, steps=1):
 
 @pytest.mark.parametrize("cut", ["pinned", "chosen"])
 def test_rt_pool_split_backward_gradients_equal_unpipelined(cut):
-    schedule = _split_schedule(**(CUT if cut == "pinned" else {}))
+    schedule = _split_schedule(cut)
     model, ref = tiny_model(8), tiny_model(8)
     inputs, targets = tiny_batch(8)
     pipe = _pipe(model, schedule)
@@ -58,10 +98,8 @@ def test_rt_pool_split_backward_gradients_equal_unpipelined(cut):
 def test_rt_pool_split_backward_fused_group_over_two_devices():
     """The fused last group split over both devices, each running F, I and its deferred W for its
     micro-batches and storing its partial gradients after them."""
-    groups = PoolGroups((3, 3), 2, (1, 1, 2, 2))
-    schedule, _, _ = dispatched(groups, LAYER_COSTS, num_devices=2, num_microbatches=M, ahead=1, split_backward=True,
-                                split_job=("last", "interleaved"))
-    last = groups.last_stage
+    schedule = _split_schedule("fused-over-two")
+    last = pool_groups(schedule).last_stage
     assert all(any(a.stage == last and a.kind is Kind.W for a in row) for row in schedule.actions), schedule.render()
     model, ref = tiny_model(8), tiny_model(8)
     inputs, targets = tiny_batch(8)
@@ -80,11 +118,10 @@ def _ends_a_later_job_first(schedule) -> bool:
 
 
 def test_rt_pool_split_backward_device_ending_a_later_started_job_first():
-    """The generator's own plan where a device recomputes its next job early, then runs its part of the
+    """The generator's own plan (written out) where a device recomputes its next job early, then runs its part of the
     split fused group from start to STORE before that job ends: the pool prefetches within two jobs'
     weights (``pool_worker._prefetch``) and the gradients are the unpipelined model's."""
-    layer_costs = Costs([1.0] * 8, [1.0] * 8, [1.0] * 8, 0.1)
-    schedule = generate("roundrobin", num_ranks=3, num_microbatches=M, layer_costs=layer_costs)
+    schedule = _split_schedule("later-started-ends-first")
     assert _ends_a_later_job_first(schedule), schedule.render()
     model, ref = tiny_model(8), tiny_model(8)
     inputs, targets = tiny_batch(8)
@@ -110,7 +147,7 @@ def _first(schedule, kind):
 
 
 def test_rt_pool_split_backward_refuses_w_before_its_i():
-    schedule = _split_schedule(**CUT)
+    schedule = _split_schedule()
     device, w = _first(schedule, Kind.W)
     bad = _moved(schedule, device, w, Action(w.stage, Kind.I, w.microbatch))
     with pytest.raises(ValueError, match="deadlock"):
@@ -118,7 +155,7 @@ def test_rt_pool_split_backward_refuses_w_before_its_i():
 
 
 def test_rt_pool_split_backward_refuses_store_before_the_jobs_last_w():
-    schedule = _split_schedule(**CUT)
+    schedule = _split_schedule()
     device, w = _first(schedule, Kind.W)
     row = schedule.actions[device]
     last_w = [a for a in row if a.stage == w.stage and a.kind is Kind.W][-1]
@@ -130,7 +167,7 @@ def test_rt_pool_split_backward_refuses_store_before_the_jobs_last_w():
 def test_rt_pool_split_backward_counts_what_w_keeps_until_it_runs_and_frees_it():
     """Each W gives back the bytes its I left counted (the deferred linears' inputs and output gradients,
     more than nothing); after every step the devices hold nothing, and the peak does not grow over steps."""
-    schedule = _split_schedule(**CUT)
+    schedule = _split_schedule()
     model = tiny_model(8)
     pipe = _pipe(model, schedule)
     freed = []
@@ -164,8 +201,7 @@ def test_rt_pool_split_backward_budget_refuses_what_w_would_keep():
     is exceeded when every I's leftovers wait for the Ws at the end of their job."""
     from bubbleless_offload import DeviceOutOfMemory
 
-    groups = PoolGroups((3, 3), 2, (1, 1, 2, 2))
-    plain, _, _ = dispatched(groups, LAYER_COSTS, num_devices=2, num_microbatches=M, ahead=1)
+    plain = Schedule.from_text(SCHEDULES["whole"])
     rows = []
     for row in plain.actions:  # every B as I, each job's W all at the end of the job, before its STORE
         out, pending = [], []
@@ -204,10 +240,7 @@ def test_rt_pool_split_backward_hf_lora_two_devices():
     from test_rt_pool_hf import _assert_loss_and_grads_match, _batch, _models
 
     piped, ref = _models("qwen3", lora=True)
-    layer_costs = Costs([1.0] * 5 + [2.0], [1.0] * 5 + [2.0], [1.0] * 5 + [2.0], 0.1)
-    schedule = generate("roundrobin", num_ranks=2, num_microbatches=M, layer_costs=layer_costs, split_backward=True,
-                        forward_stages=[2, 2], last_layers=2, backward_stages=[1, 2, 1])
-    assert Kind.W in {a.kind for _, _, a in schedule.all_actions()}
+    schedule = _split_schedule("qwen3-lora")
     pipe = RoundRobinPipeline(piped.layers, devices=CPU2, num_microbatches=M, loss_fn=piped.loss_fn,
                               schedule=schedule, timeout=120)
     ids, labels = _batch()
@@ -216,16 +249,17 @@ def test_rt_pool_split_backward_hf_lora_two_devices():
     assert [w.budget.used for w in pipe.workers] == [0, 0]
 
 
-def test_rt_pool_auto_plan_runs_the_split_the_generator_chose():
-    """``partition=`` a profile (as ``"auto"`` measures one): the layer-cost generator, left at its default,
-    splits the backward where it simulates faster; the pool plans that schedule and runs it exactly."""
+def test_rt_pool_auto_plan_runs_a_pinned_split_backward():
+    """``partition=`` a profile (as ``"auto"`` measures one) with ``split_backward=True`` pinned (whether the
+    generator would split here on its own is its choice): the pool plans a split schedule and runs it exactly."""
     from bubbleless_partition import LayerCost, Profile
 
     head = LayerCost(name="head", forward=3.0, input_grad=3.0, weight_grad=3.0)
     body = tuple(LayerCost(name=f"layer{i}", forward=1.0, input_grad=1.3, weight_grad=1.3) for i in range(7))
     model, ref = tiny_model(8), tiny_model(8)
     pipe = RoundRobinPipeline(model, devices=CPU2, num_microbatches=M, loss_fn=tiny_loss,
-                              partition=Profile(layers=body + (head,)), timeout=60)
+                              partition=Profile(layers=body + (head,)), schedule_options={"split_backward": True},
+                              timeout=60)
     assert {Kind.I, Kind.W} <= {a.kind for _, _, a in pipe.schedule.all_actions()}, pipe.schedule.render()
     inputs, targets = tiny_batch(8)
     loss = pipe.step(inputs, targets)
