@@ -77,3 +77,54 @@ def test_rt_pool_precision_a_plan_the_constructor_accepts_runs_under_autocast_wi
         return
     for dtype in PRECISIONS:
         assert torch.isfinite(_step(pipe, inputs, targets, dtype))
+
+
+def test_rt_pool_precision_pinned_to_fp32_counts_its_bytes_alone_and_no_more_than_the_most():
+    """``precisions_of("fp32")`` raises the profile to float32's counts only: per layer no more than the most of
+    every precision, and here less (no cast copy of each weight: 512 bytes a token against 2,304)."""
+    from bubbleless_runtime.auto_partition import measure
+    from bubbleless_runtime.pool_precision import bounded_over_precisions, precisions_of
+
+    layers, sample = list(_model()), _batch()[0][: ROWS // M]
+    measured = measure(layers, sample, repeats=1)
+    most = bounded_over_precisions(measured, layers, sample, torch.device("cpu"))
+    fp32 = bounded_over_precisions(measured, layers, sample, torch.device("cpu"), precisions_of("fp32"))
+    for pinned, widest in zip(fp32.layers, most.layers, strict=True):
+        assert pinned.activation_bytes_per_token <= widest.activation_bytes_per_token
+        assert pinned.output_bytes_per_token <= widest.output_bytes_per_token
+    assert sum(c.activation_bytes_per_token for c in fp32.layers) < sum(c.activation_bytes_per_token for c in most.layers)
+
+
+PINNED_BUDGET = 44_000
+"""Bytes per device that the fp32-pinned plan of ``_model`` fits and the plan for any precision does not (on the
+build VM the leanest fitting budgets were 40,000 and 52,000, scanned in steps of 4,000)."""
+
+
+def test_rt_pool_precision_an_fp32_plan_fits_a_budget_the_any_precision_plan_cannot_and_runs_within_it():
+    inputs, targets = _batch()
+    build = {"devices": ["cpu"] * 2, "num_microbatches": M, "loss_fn": _loss, "partition": "auto",
+             "sample_input": inputs[: ROWS // M], "memory_budget": PINNED_BUDGET, "timeout": 60}
+    with pytest.raises(ValueError, match="no round-robin plan|does not fit"):
+        RoundRobinPipeline(_model(), **build)
+    pipe = RoundRobinPipeline(_model(), precision="fp32", **build)
+    estimated = [peak for peak, _ in device_peaks(pipe.schedule, pipe.store, pipe.profile)]
+    assert max(estimated) <= PINNED_BUDGET
+    assert torch.isfinite(pipe.step(inputs, targets))  # the run-time budget would raise DeviceOutOfMemory
+    assert all(w.budget.peak <= e for w, e in zip(pipe.workers, estimated, strict=True))
+    with pytest.raises(ValueError, match=r"planned for precision='fp32' \(no autocast\) but step\(\) runs under "
+                                         r"autocast at torch.bfloat16.*precision=None plans for any"):
+        _step(pipe, inputs, targets, torch.bfloat16)  # refused before it runs: the plan has no room for it
+    assert all(w.budget.used == 0 for w in pipe.workers)
+    assert torch.isfinite(pipe.step(inputs, targets))
+
+
+def test_rt_pool_precision_a_bf16_plan_refuses_an_fp32_step_and_a_bad_name_lists_the_choices():
+    inputs, targets = _batch()
+    pipe = RoundRobinPipeline(_model(), devices=["cpu"] * 2, num_microbatches=M, loss_fn=_loss, precision="bf16",
+                              partition=None, timeout=60)
+    with pytest.raises(ValueError, match=r"precision='bf16' \(autocast at torch.bfloat16\) but step\(\) runs under "
+                                         r"no autocast"):
+        pipe.step(inputs, targets)
+    assert torch.isfinite(_step(pipe, inputs, targets, torch.bfloat16))
+    with pytest.raises(ValueError, match=r"precision='float32' is not one of \['bf16', 'fp16', 'fp32'\] or None"):
+        RoundRobinPipeline(_model(), devices=["cpu"] * 2, num_microbatches=M, loss_fn=_loss, precision="float32")

@@ -61,6 +61,7 @@ from .arguments import check_common
 from .batches import check_batch, signature_of, split_batch
 from .pool_board import Board, PoolAborted
 from .pool_memory import check_fits
+from .pool_precision import check_step_precision, precisions_of
 from .pool_routes import routes_of
 from .pool_worker import POOL, DeviceWorker, PoolStep, WorkerState, run_worker
 from .stages import layers_of
@@ -100,6 +101,10 @@ class RoundRobinPipeline:
     ``"asynchronous": True`` for the one-step-stale optimizer (module docstring).
     ``memory_budget``: bytes each device may hold; a plan that cannot fit is refused here, and the
     executor counts every tensor it places at run time (``DeviceOutOfMemory`` from ``step``).
+    ``precision``: what every ``step`` runs in, "fp32" (no autocast), "bf16" or "fp16" (the caller's
+    ``torch.autocast`` at that dtype), so ``partition="auto"`` plans memory for it alone; None (the default)
+    plans for the most of the three and lets a step run in any. A step in another precision than the one
+    named is refused before it runs (``pool_precision``).
     ``pin_memory``: host weights in pinned buffers (default: when a GPU is in ``devices``).
     ``frozen_safetensors``: a .safetensors file whose tensors replace the frozen (LoRA base) weights,
     memory-mapped rather than held in RAM; ``safetensors_key`` maps store names to its keys (for a
@@ -111,8 +116,10 @@ class RoundRobinPipeline:
                  memory_budget: float | None = None, sample_input=None, costs: Costs | None = None,
                  schedule_options: dict | None = None, pin_memory: bool | None = None,
                  frozen_safetensors=None, safetensors_key: Callable[[str], str] | None = None,
-                 timeout: float = DEFAULT_TIMEOUT, trace: bool = True) -> None:
+                 timeout: float = DEFAULT_TIMEOUT, trace: bool = True, precision: str | None = None) -> None:
         check_common(loss_fn, num_microbatches, timeout)
+        self.precisions = precisions_of(precision)
+        self.precision = precision
         if memory_budget is not None and not (isinstance(memory_budget, (int, float)) and memory_budget > 0):
             raise ValueError(f"memory_budget is bytes per device and must be positive, got {memory_budget!r}")
         self.devices = _devices(devices)
@@ -158,7 +165,7 @@ class RoundRobinPipeline:
         groups = None
         if isinstance(partition, str) and partition == "auto" or isinstance(partition, Profile):
             self.profile = partition if isinstance(partition, Profile) else pool_plan.profile_layers(
-                self.layers, sample_input, self.devices[0])
+                self.layers, sample_input, self.devices[0], self.precisions)
             if self.profile.num_layers != num_layers:
                 raise ValueError(f"the profile has {self.profile.num_layers} layers but the model has {num_layers}")
             bandwidth = pool_plan.copy_bandwidth(self.devices[0])
@@ -191,6 +198,8 @@ class RoundRobinPipeline:
     def step(self, inputs, targets, *, optimizer_step: bool = True):
         """One iteration over ``inputs``/``targets`` (split into the micro-batches); the summed loss."""
         check_batch(inputs, targets, self.num_microbatches)
+        autocast = _autocast_dtype(self.devices)
+        check_step_precision(self.precision, autocast)
         micro_inputs = split_batch(inputs, self.num_microbatches, torch.device("cpu"))
         micro_targets = split_batch(targets, self.num_microbatches, torch.device("cpu"))
         if self.optimizer is None:  # each step's gradients go into .grad; a host optimizer zeroes its own
@@ -198,7 +207,6 @@ class RoundRobinPipeline:
         board = Board(self.timeout, self.routes.readers)
         shared = PoolStep(micro_inputs, micro_targets, board, self.loss_fn)
         states = [WorkerState(shared) for _ in self.workers]
-        autocast = _autocast_dtype(self.devices)
         errors: list = [None] * len(self.workers)
 
         go = threading.Event()  # workers start together, and do nothing if the caller is interrupted first

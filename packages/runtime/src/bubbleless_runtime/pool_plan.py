@@ -32,7 +32,7 @@ from bubbleless_schedules.roundrobin_layout import PoolGroups, pool_groups
 from .arguments import check_microbatches
 from .auto_partition import measure
 from .pool_plan_cap import fits, generated_within, plan_peak_bytes
-from .pool_precision import bounded_over_precisions
+from .pool_precision import PRECISIONS, bounded_over_precisions
 
 
 def groups_from_partition(partition: Partition) -> PoolGroups:
@@ -198,9 +198,9 @@ def auto_groups(profile: Profile, *, num_devices: int, num_microbatches: int, na
     return best[1], best[2], best[3]
 
 
-def profile_layers(layers, sample_input, device: torch.device) -> Profile:
-    """The layers timed on ``device`` (the pool's first) on one micro-batch, their bytes at the most any
-    precision a step may run in keeps (``pool_precision``: the caller's autocast is known only at ``step``).
+def profile_layers(layers, sample_input, device: torch.device, precisions: tuple = PRECISIONS) -> Profile:
+    """The layers timed on ``device`` (the pool's first) on one micro-batch, their bytes at the most any of
+    ``precisions`` a step may run in keeps (``pool_precision``: the caller's autocast is known only at ``step``).
     The model is in host memory and need not fit on the device: each layer is copied there in turn
     (``OneLayerOnDevice``)."""
     if sample_input is None:
@@ -211,7 +211,7 @@ def profile_layers(layers, sample_input, device: torch.device) -> Profile:
     slot: dict = {}
     on_device = [OneLayerOnDevice(layer, device, slot) for layer in layers]
     measured = measure(on_device, sample_input, device=device)
-    return bounded_over_precisions(measured, on_device, sample_input, device)
+    return bounded_over_precisions(measured, on_device, sample_input, device, precisions)
 
 
 class OneLayerOnDevice(nn.Module):

@@ -18,8 +18,12 @@ executor reserves in any of them, and so it is for a group too: a storage two la
 (``bubbleless_partition.measure``). Timings are left as measured.
 
 The cost is that a float32 step is planned with room for the autocast copies: under ``memory_budget`` a
-plan that would fit float32 alone can be refused, or cut finer. A profile passed as ``partition=`` is
-the caller's and is used as given.
+plan that would fit float32 alone can be refused, or cut finer. ``RoundRobinPipeline(precision=...)``
+names the one precision every step runs in ("fp32": no autocast, "bf16"/"fp16": the caller's autocast at
+that dtype, ``trainer.AUTOCAST_DTYPES``' names), and the profile is then raised to that precision's counts
+alone (``precisions_of``); a step in another one is refused before it runs (``check_step_precision``),
+since the plan holds no room for it. A profile passed as ``partition=`` is the caller's and is used as
+given; the step is still checked against a named precision.
 """
 
 from __future__ import annotations
@@ -33,17 +37,44 @@ from bubbleless_partition import Profile
 from bubbleless_partition.saved_tensors import SavedStorages
 
 from .auto_partition import main_tensor_chain
+from .trainer import AUTOCAST_DTYPES
 
 PRECISIONS = (None, torch.bfloat16, torch.float16)
 """What a step may run in: None for no autocast, else the autocast dtype (both two bytes, but each has its
 own kernels: measured, not assumed alike)."""
 
 
-def bounded_over_precisions(measured: Profile, layers, sample_input, device: torch.device) -> Profile:
+def precisions_of(precision: str | None) -> tuple:
+    """The autocast dtypes a plan for ``precision`` holds room for: all of ``PRECISIONS`` for None, else the
+    named one's alone (None for "fp32"). ValueError for any other value."""
+    if precision is None:
+        return PRECISIONS
+    if not isinstance(precision, str) or precision not in AUTOCAST_DTYPES:
+        raise ValueError(f"precision={precision!r} is not one of {sorted(AUTOCAST_DTYPES)} or None (the default: "
+                         "plan for the most any of them holds, so a step may run in any)")
+    return (AUTOCAST_DTYPES[precision],)
+
+
+def check_step_precision(precision: str | None, autocast: torch.dtype | None) -> None:
+    """ValueError unless a step under ``autocast`` (the caller's autocast dtype, None for none) runs in the
+    precision the plan was made for (None: any)."""
+    if precision is None or AUTOCAST_DTYPES[precision] == autocast:
+        return
+    running = "no autocast (fp32)" if autocast is None else f"autocast at {autocast}"
+    wanted = "no autocast" if AUTOCAST_DTYPES[precision] is None else f"autocast at {AUTOCAST_DTYPES[precision]}"
+    raise ValueError(
+        f"this RoundRobinPipeline was planned for precision={precision!r} ({wanted}) but step() runs under "
+        f"{running}: its memory plan holds no room for what that precision saves. Step under {wanted}, or build "
+        "the pipeline with the precision the steps run in (precision=None plans for any of them)"
+    )
+
+
+def bounded_over_precisions(measured: Profile, layers, sample_input, device: torch.device,
+                            precisions: tuple = PRECISIONS) -> Profile:
     """``measured`` with each layer's activation and output bytes per token raised to the most found in any
-    of ``PRECISIONS`` (module docstring). ``layers`` are the profiled ones, moved to ``device`` as the
+    of ``precisions`` (module docstring). ``layers`` are the profiled ones, moved to ``device`` as the
     profiler moves them (``module.to``)."""
-    counted = saved_and_output_bytes(layers, sample_input, device)
+    counted = saved_and_output_bytes(layers, sample_input, device, precisions)
     tokens = measured.tokens_per_microbatch
     widened = tuple(
         replace(cost, activation_bytes_per_token=max(cost.activation_bytes_per_token, saved / tokens),
@@ -52,12 +83,13 @@ def bounded_over_precisions(measured: Profile, layers, sample_input, device: tor
     return measured.with_(layers=widened)
 
 
-def saved_and_output_bytes(layers, sample_input, device: torch.device) -> list[tuple[int, int]]:
-    """Per layer, the most bytes over ``PRECISIONS`` of what one forward saves for its backward (each storage
+def saved_and_output_bytes(layers, sample_input, device: torch.device,
+                           precisions: tuple = PRECISIONS) -> list[tuple[int, int]]:
+    """Per layer, the most bytes over ``precisions`` of what one forward saves for its backward (each storage
     once, the layer's parameters and buffers left out, its input not: ``SavedStorages``) and of its output.
     Each layer is moved to ``device`` once and run in every precision before the next one is moved."""
     chains = []
-    for dtype in PRECISIONS:
+    for dtype in precisions:
         first, adapters = main_tensor_chain(layers, sample_input, device)
         chains.append([dtype, adapters, first.clone(memory_format=torch.contiguous_format)])
     out = []
@@ -89,4 +121,4 @@ def _forward_counted(layer, x: torch.Tensor, device: torch.device, dtype) -> tup
     return kept, y
 
 
-__all__ = ["PRECISIONS", "bounded_over_precisions", "saved_and_output_bytes"]
+__all__ = ["PRECISIONS", "bounded_over_precisions", "check_step_precision", "precisions_of", "saved_and_output_bytes"]
