@@ -1,6 +1,7 @@
 """Where a system's memory goes, per rank: ``python -m bench.measured.memory --seq-len 2048 [--systems ...]``.
 
-For each system one step (in fresh processes, as a longest-sequence probe runs it: ``probe_scenario``)
+For each system a warm-up step and a step (in fresh processes, as a longest-sequence probe runs it:
+``probe_scenario``, ``PROBE_WARMUP``, ``PROBE_STEPS``)
 with three yardsticks per rank, all measured, none modelled:
 
 - ``peak_rss_growth``: ``ru_maxrss`` over the resident set when the worker started (the measured
@@ -26,7 +27,7 @@ import threading
 import time
 
 from .common import peak_rss_bytes, rss_bytes
-from .runner import _runner, probe_scenario
+from .runner import PROBE_STEPS, PROBE_WARMUP, _runner, probe_scenario
 from .scenario import scenario_from_dict
 
 
@@ -108,7 +109,8 @@ def worker(rank: int, system: str, scenario: dict, seq_len: int) -> dict:
     if run is ours.stage_bound:
         extra["interpreter"] = traced_interpreter(saved, sampler, trace)
     with saved:
-        run(rank, scenario_from_dict(scenario), system=system, steps=1, warmup=0, seq_len=seq_len, **extra)
+        run(rank, scenario_from_dict(scenario), system=system, steps=PROBE_STEPS, warmup=PROBE_WARMUP,
+            seq_len=seq_len, **extra)
     return {"rank": rank, "peak_rss_growth": max(0, peak_rss_bytes() - start), "malloc_peak_growth": sampler.stop(),
             "saved_peak": saved.peak, "actions": trace}
 
@@ -151,7 +153,7 @@ def section(found: dict) -> list[str]:
     seq, m = found["seq_len"], found["microbatches"]
     lines = [
         f"## Memory per rank at {seq:,} tokens", "",
-        f"One step of {m} micro-batches of {seq:,} tokens (a longest-sequence probe's shape), fresh processes, "
+        f"A warm-up step and a step of {m} micro-batches of {seq:,} tokens (a longest-sequence probe), fresh processes, "
         "by `bench/measured/memory.py`: saved for backward = the most bytes of tensors autograd saved alive at "
         "once (`bubbleless_runtime.saved_bytes`, each storage once, until it dies: what a deferred W keeps "
         "counts); malloc = the most bytes glibc had handed out (`mallinfo2`, sampled every millisecond); RSS = "

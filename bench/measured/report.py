@@ -246,8 +246,10 @@ def write(scenario: Scenario, systems: dict, longest: dict, out: Path, *, calibr
         "brackets; pooled medians would mix rounds of different load. "
         f"Loss: the step-{scenario.warmup + scenario.steps} loss of the first round, every system from the same "
         f"seed on the same batches; equal = within {scenario.loss_tolerance:g} (relative) of the first system's. "
-        f"Memory: {MEMORY_NOTE}. Longest sequence: the sequence length doubled from {scenario.longest_low} until a "
-        f"probe fails, then bisected to {scenario.longest_granularity} tokens; each probe one step of "
+        f"Memory: {MEMORY_NOTE}. Longest sequence: the longest multiple of {scenario.longest_granularity} tokens "
+        f"(from {scenario.longest_low}) that fits while the next does not, each next length read off the peaks "
+        "measured so far (`bench/measured/longest.py`: the line through the fits, then the chord to the first "
+        "failure, bisection as the fallback); each probe a warm-up step and a step of "
         "2 x workers micro-batches in fresh processes (`runner.probe_scenario`); fits = it runs and its peak RSS "
         f"growth <= {scenario.memory_budget_mib:g} MiB (for DeepSpeed this includes the op libraries and buffers "
         "it loads, a real cost on this machine; the JSON's `longest_probes` give every probe's growth).", "",
