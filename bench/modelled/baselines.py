@@ -32,6 +32,16 @@ Per system:
 - ``fsdp-offload``: PyTorch FSDP2 ``fully_shard`` per decoder layer with ``CPUOffloadPolicy``: the same
   traffic as ZeRO-3 with parameters offloaded (``reshard_after_forward=True`` gathers again for
   backward), and the optimizer is ``torch.optim.AdamW`` stepping the CPU shards (``cpu_adam_params_per_s``).
+Host work of the frameworks (ZeRO-3's module hooks and parameter coordinator, ZeRO-2's gradient hooks and
+bucket copies, FSDP2's unit hooks, their flatten/partition copies and gloo collectives, the optimizer
+step as each framework runs it): priced where the hardware profile measured it, the ``cpu`` profile's
+``framework`` entry (``framework_ops``: per rank, a cost per unit of the framework's work and per
+parameter byte, each micro-batch and at the optimizer boundary). On a CPU "device" it shares the cores
+with the compute: it adds to each micro-batch and replaces the modelled optimizer and refresh at the
+boundary (the measured boundary cost includes them). Every GPU profile leaves it at zero, as it was
+before this term: on a GPU host this Python runs beside the device's compute and we have no cited
+measurement of it there.
+
 - ``1f1b``: ``torch.distributed.pipelining.Schedule1F1B``, one stage per GPU, weights, gradients and
   Adam state resident (16 bytes per parameter), no recompute, whole loss on the last stage. Given the
   same balanced cut as ours (``cut(method="dp")``: generous; a hand split is usually worse). Step time
@@ -60,6 +70,8 @@ from .common import (
     trainable_params,
     usable_bytes,
 )
+from .cpu_ops import CpuHardware
+from .framework_ops import UNIT
 from .registry import register
 
 DRAM_SHARE = 0.5
@@ -126,6 +138,36 @@ def _sharded_peak(point: Point, seq_len: int, recompute: bool) -> float:
     return gathered + _activation_bytes(point, prof, recompute)
 
 
+FRAMEWORK_OF = {"zero-infinity": "zero3-offload", "zero2": "zero2-offload", "fsdp-offload": "fsdp2-offload"}
+"""system -> the framework whose host work ``framework_ops`` measured for it."""
+
+
+def framework_units(point: Point) -> dict[str, int]:
+    """Units of each framework's fixed work (``framework_ops.UNIT``) in bench/measured/tiny.py's model, the
+    one the calibration measures: the embedding (its wrapper and ``nn.Embedding``: 2 modules, 1 tensor),
+    each decoder layer (itself, 2 LayerNorm, 4 Linear: 7 modules; 8 tensors; one ``fully_shard`` unit),
+    the head (itself, LayerNorm, Linear: 3 modules, 3 tensors), and the ``nn.Sequential`` root (1 module,
+    FSDP2's root unit, which holds the embedding and the head). A Hugging Face layer has more modules
+    (separate q, k, v, norms per head); only CPU profiles price these units."""
+    layers = point.shape.num_layers
+    return {"module": 2 + 7 * layers + 3 + 1, "parameter tensor": 1 + 8 * layers + 3, "fully_shard unit": layers + 1}
+
+
+def host_work_s(system: str, point: Point, prof) -> tuple[float, float] | None:
+    """(seconds per micro-batch, seconds at the optimizer boundary) of ``system``'s framework work per rank
+    on this hardware, or None where the profile has no measured figure (every GPU profile: zero, see the
+    module docstring)."""
+    hw = point.hardware
+    if not isinstance(hw, CpuHardware) or hw.framework is None:
+        return None
+    framework = FRAMEWORK_OF[system]
+    cost = hw.framework.costs[framework]
+    units = framework_units(point)[UNIT[framework]]
+    param_bytes = sum(layer.param_bytes for layer in prof.layers)
+    return (units * cost.microbatch_unit_s + param_bytes * cost.microbatch_byte_s,
+            units * cost.step_unit_s + param_bytes * cost.step_byte_s)
+
+
 def _sharded(system: str, adam_field: str, label: str):
     def model(point: Point) -> Prediction:
         capacity = usable_bytes(point.hardware)
@@ -134,13 +176,15 @@ def _sharded(system: str, adam_field: str, label: str):
         per_mb, bound = _sharded_microbatch_s(point, prof, recompute)
         steps = _accumulation(point)
         optimizer = trainable_params(point) / getattr(point.hardware, adam_field)
-        step = steps * per_mb + optimizer
+        host_mb, boundary = host_work_s(system, point, prof) or (0.0, None)
+        optimizer = optimizer if boundary is None else boundary  # measured: the boundary, its optimizer included
+        step = steps * (per_mb + host_mb) + optimizer
         peak = _sharded_peak(point, point.seq_len, recompute)
         longest = longest_sequence(lambda s: _sharded_peak(point.at(micro_batch=1), s, True), capacity)
         notes = [f"{label}; recompute {'on' if recompute else 'off'}; {steps} micro-batches per GPU; "
                  f"{bound / per_mb:.0%} of a micro-batch waits on transfers"]
-        return done(system, point, step, peak, longest, notes,
-                    compute_s=steps * (per_mb - bound), transfer_wait_s=steps * bound, optimizer_s=optimizer)
+        return done(system, point, step, peak, longest, notes, compute_s=steps * (per_mb - bound),
+                    transfer_wait_s=steps * bound, host_work_s=steps * host_mb, optimizer_s=optimizer)
 
     return model
 
@@ -174,12 +218,16 @@ def zero2(point: Point) -> Prediction:
     steps = _accumulation(point)
     optimizer = trainable_params(point) / point.hardware.cpu_adam_fused_params_per_s
     refresh = _transfer_s(point, grads / g, 0.0, grads * (g - 1) / g)  # updated 16-bit shards back, all-gathered
-    step = steps * per_mb + optimizer + refresh
+    host_mb, boundary = host_work_s("zero2", point, prof) or (0.0, None)
+    if boundary is not None:  # measured: the boundary, its optimizer and refresh included
+        optimizer, refresh = boundary, 0.0
+    step = steps * (per_mb + host_mb) + optimizer + refresh
     peak = _zero2_peak(point, point.seq_len, recompute)
     longest = longest_sequence(lambda s: _zero2_peak(point.at(micro_batch=1), s, True), capacity)
     notes = [f"ZeRO-2 + CPU-Adam; recompute {'on' if recompute else 'off'}; {steps} micro-batches per GPU"]
     return done("zero2", point, step, peak, longest, notes, compute_s=steps * (forward + backward),
-                offload_wait_s=steps * max(0.0, offload - backward), optimizer_s=optimizer, refresh_s=refresh)
+                offload_wait_s=steps * max(0.0, offload - backward), host_work_s=steps * host_mb,
+                optimizer_s=optimizer, refresh_s=refresh)
 
 
 def _torch_1f1b_peak(point: Point, sizes, seq_len: int) -> float:

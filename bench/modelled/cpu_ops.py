@@ -25,6 +25,10 @@ bench/measured/common.py), median of many:
   node, the engine), priced for the ops the rates above do not time (``OTHER_OPS_PER_LAYER``).
 
 A GPU profile has none of them and is priced as before.
+
+The same file's ``framework`` entry (``framework_ops``, written by ``python -m bench.modelled.framework_ops``
+after ``--measure-cpu``, which rewrites the rest of the file without it) holds the data-parallel
+frameworks' own host work per micro-batch and optimizer step, priced by the baselines' models.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from pathlib import Path
 from bubbleless_partition import Hardware, load_hardware
 
 from .cpu_profile import median_thread_seconds
+from .framework_ops import FrameworkOps, framework_ops_from_dict
 
 FORMAT = "bubbleless-bench/cpu-ops-v1"
 
@@ -85,6 +90,9 @@ class CpuHardware(Hardware):
     """A measured CPU profile with its small-op rates (``common.profile_of`` prices layers with them)."""
 
     small_ops: SmallOps
+    framework: FrameworkOps | None = None
+    """The data-parallel frameworks' own host work (``framework_ops``, the ``framework`` entry of the
+    ops file); None where it was not measured: the baselines' models then price it at zero, as on GPUs."""
 
 
 COLD_BYTES = 32 << 20
@@ -232,7 +240,7 @@ def small_ops_to_dict(ops: SmallOps) -> dict:
 def small_ops_from_dict(data: dict) -> SmallOps:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ValueError(f"not a small-op profile: expected format {FORMAT!r}")
-    fields_ = {k: v for k, v in data.items() if k != "format"}
+    fields_ = {k: v for k, v in data.items() if k not in ("format", "framework")}
     try:
         values = {k: tuple(v["value"]) if isinstance(v["value"], list) else v["value"] for k, v in fields_.items()}
         return SmallOps(**values, sources={k: v["source"] for k, v in fields_.items()})
@@ -254,10 +262,11 @@ def load_cpu_profile(path: str | Path) -> Hardware:
     beside = ops_path(path)
     if not beside.exists():
         return hw
-    ops = small_ops_from_dict(yaml.safe_load(beside.read_text()))
-    return with_small_ops(hw, ops)
+    data = yaml.safe_load(beside.read_text())
+    framework = framework_ops_from_dict(data["framework"]) if "framework" in data else None
+    return with_small_ops(hw, small_ops_from_dict(data), framework=framework)
 
 
-def with_small_ops(hw: Hardware, ops: SmallOps) -> CpuHardware:
+def with_small_ops(hw: Hardware, ops: SmallOps, *, framework: FrameworkOps | None = None) -> CpuHardware:
     values = {f: getattr(hw, f) for f in Hardware.__dataclass_fields__}
-    return CpuHardware(**values, small_ops=ops)
+    return CpuHardware(**values, small_ops=ops, framework=framework)
