@@ -114,3 +114,20 @@ def test_cross_bench_measured_longest_with_noisy_peaks_still_ends_on_a_fit_next_
         results = {p["seq_len"]: p["fits"] for p in found["probes"]}
         assert results[found["max_seq_len"]] and results[found["max_seq_len"] + 256] is False, results
         assert len(found["probes"]) == len(results) <= 11, results
+
+
+@pytest.mark.parametrize(("name", "peak_mib"), [
+    ("a jump", lambda s: 300 + 0.2 * s + (400 if s > 1900 else 0)),  # as round-robin's recorded peaks do near 2,048
+    ("exponential", lambda s: 100 * 2 ** (s / 2000)),
+    ("quadratic", lambda s: 100 + 1e-5 * s * s),
+])
+def test_cross_bench_measured_longest_on_curves_the_chord_misjudges(name, peak_mib):
+    """Where the chord keeps landing on one side (strongly convex, a jump), the Illinois rule still
+    ends on the known limit in no more probes than doubling and bisection."""
+    def probe(seq):
+        return {"seq_len": seq, "fits": peak_mib(seq) <= 1024, "peak_growth_bytes": peak_mib(seq) * MIB}
+
+    found = search(probe, budget=BUDGET, low=128, cap=16384, granularity=256)
+    limit = max(s for s in [128, *range(256, 16385, 256)] if peak_mib(s) <= 1024)
+    assert found["max_seq_len"] == limit, found
+    assert len(found["probes"]) <= doubling_and_bisection_probes(limit), [p["seq_len"] for p in found["probes"]]

@@ -12,9 +12,10 @@ probes measured (peak memory grows smoothly with the sequence), not halved blind
   (attention and logits), so the extension lands a little past the boundary;
 - once a probe failed: the chord between the longest fit and the shortest failure, at the budget (it
   lands a little short of the boundary, for the same reason);
+- when two probes in a row moved the same end, the chord with the other end's peak pulled towards the
+  budget (``illinois``), as the chord alone can creep up on the boundary from one side;
 - bisection where neither can be read (a failure without a peak: the probe crashed or ran out of
-  memory; peaks not increasing with the sequence), and whenever the last two probes moved the same end
-  of the bracket (the chord's slow side), so the search never takes many more probes than bisection.
+  memory; peaks not increasing with the sequence).
 
 Every length is rounded to the grid and kept strictly inside the bracket, so each probe narrows it.
 Pure: ``probe_fn(seq_len) -> {"fits": bool, "peak_growth_bytes": int (optional)}`` is injected.
@@ -45,10 +46,24 @@ def at_budget(a: tuple[int, float], b: tuple[int, float], budget: float) -> floa
     return sa + (budget - pa) * (sb - sa) / (pb - pa)
 
 
+def illinois(fit: tuple[int, float], fail: tuple[int, float | None], budget: float, same_end_moves: int,
+             last_end: str) -> tuple[tuple[int, float], tuple[int, float | None]]:
+    """The chord's two ends, the one kept while the other moved twice or more in a row weighed down (its
+    distance from the budget halved per further move: the Illinois rule), so that the chord, which on
+    a convex curve keeps landing just short of the boundary, reaches past it and brings the far end in."""
+    (sa, pa), (sb, pb) = fit, fail
+    if pa is None or pb is None or same_end_moves < 2:
+        return fit, fail
+    shrink = 0.5 ** (same_end_moves - 1)
+    if last_end == "low":
+        return fit, (sb, budget + (pb - budget) * shrink)
+    return (sa, budget - (budget - pa) * shrink), fail
+
+
 def next_length(fits: list[tuple[int, float]], fails: list[tuple[int, float | None]], *, budget: float,
-                low: int, cap: int, granularity: int, same_end_moves: int) -> int:
+                low: int, cap: int, granularity: int, same_end_moves: int = 0, last_end: str = "low") -> int:
     """The next length to probe, given the probes so far (``fits`` and ``fails``: (seq, peak) each, in
-    order of length) and how many probes in a row moved the same end of the bracket."""
+    order of length) and how many probes in a row moved the same end (``last_end``) of the bracket."""
     lo = fits[-1][0]
     hi = fails[0][0] if fails else None
     if hi is None:
@@ -58,7 +73,7 @@ def next_length(fits: list[tuple[int, float]], fails: list[tuple[int, float | No
             guess = at_budget(fits[-2], fits[-1], budget)
             guess = 2 * lo if guess is None else min(guess, MAX_STRIDE * lo)
         return min(cap, max(on_grid(guess, granularity), (lo // granularity + 1) * granularity))
-    guess = None if same_end_moves >= 2 else at_budget(fits[-1], fails[0], budget)
+    guess = at_budget(*illinois(fits[-1], fails[0], budget, same_end_moves, last_end), budget)
     guess = (lo + hi) / 2 if guess is None else guess
     inside_low, inside_high = (lo // granularity + 1) * granularity, ((hi - 1) // granularity) * granularity
     return min(inside_high, max(inside_low, on_grid(guess, granularity)))
@@ -83,7 +98,7 @@ def search(probe_fn, *, budget: float, low: int, cap: int, granularity: int) -> 
         return {"max_seq_len": 0, "probes": probes}
     while not fails or fails[0][0] - fits[-1][0] > granularity:
         seq = next_length(fits, fails, budget=budget, low=low, cap=cap, granularity=granularity,
-                          same_end_moves=same_end)
+                          same_end_moves=same_end, last_end=last_end)
         had_bracket = bool(fails)
         end = "low" if run(seq) else "high"
         if not fails and seq == cap:

@@ -181,7 +181,7 @@ def probe(scenario: Scenario, system: str, seq_len: int) -> dict:
     except Exception as error:  # noqa: BLE001 - out of memory or any failure: this length does not train
         return {"seq_len": seq_len, "fits": False, "why": f"{type(error).__name__}: {str(error)[:200]}"}
     fits = run["peak_growth_bytes"] <= budget
-    return {"seq_len": seq_len, "fits": fits, "peak_growth_bytes": run["peak_growth_bytes"],
+    return {"seq_len": seq_len, "fits": fits, "peak_growth_bytes": run["peak_growth_bytes"], "wall_s": run["wall_s"],
             "why": "" if fits else f"peak {run['peak_growth_bytes'] / 2**20:.0f} MiB over the budget"}
 
 
