@@ -37,8 +37,11 @@ PHYSICS = (
     "rate); the norms, SiLU, gating multiply and residual adds as the bytes they move at the measured "
     "elementwise rate; the loss over the vocabulary at its measured rate; and the dispatch of the ops none of "
     "these time (bench/results/micro.json's `test_tiny_decoder_layer_forward_backward` records one real decoder "
-    "layer's forward and backward beside its modelled cost: `measured_over_modelled`). Not priced: the executors' and DeepSpeed's own per-step work beyond that (hooks, gradient "
-    "bucketing, parameter partitioning), and the slow-down a busy machine causes a process that does hold a "
+    "layer's forward and backward beside its modelled cost: `measured_over_modelled`). The data-parallel frameworks' own host work (ZeRO-3's module hooks, "
+    "gathers and bucket copies, ZeRO-2's gradient copies, FSDP2's unit gathers and reduce-scatters, and their "
+    "optimizer step) at the per-unit and per-byte costs `python -m bench.modelled.framework_ops` measures on a "
+    "synthetic stack (the `framework` entry of cpu_ops.yaml). Not priced: our executors' own per-action work "
+    "beyond that, and the slow-down a busy machine causes a process that does hold a "
     "core (shared caches and memory bandwidth)."
 )
 LOAD = (
