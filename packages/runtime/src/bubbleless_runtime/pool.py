@@ -131,13 +131,14 @@ class RoundRobinPipeline:
         self.memory_budget = memory_budget
         self.profile: Profile | None = None
         self.stage_costs: Costs | None = costs
+        self.input_bytes = _copied_input_bytes(sample_input, self.devices)
         self.schedule = self._plan(schedule, partition, sample_input, costs, dict(schedule_options or {}))
         self.groups: PoolGroups = pool_groups(self.schedule)
         self.partition = self.groups
         pin = any(d.type == "cuda" for d in self.devices) if pin_memory is None else pin_memory
         self.store = HostStore(self.layers, pin_memory=pin, frozen_safetensors=frozen_safetensors,
                                safetensors_key=safetensors_key)
-        check_fits(self.schedule, self.store, memory_budget, self.devices, self.profile)
+        check_fits(self.schedule, self.store, memory_budget, self.devices, self.profile, self.input_bytes)
         self.optimizer = _host_optimizer(self.store, optimizer)
         self.routes = routes_of(self.schedule)
         self.interpreter = POOL
@@ -173,7 +174,7 @@ class RoundRobinPipeline:
             cap = None if self.memory_budget is None else self.memory_budget / 2
             groups, generated, self.stage_costs = pool_plan.auto_groups(
                 self.profile, num_devices=num_devices, num_microbatches=self.num_microbatches, name=schedule,
-                options=options, bandwidth=bandwidth, memory_cap=cap)
+                options=options, bandwidth=bandwidth, memory_cap=cap, input_bytes=self.input_bytes)
             return pool_plan.check_schedule(generated, num_layers=num_layers, num_devices=num_devices,
                                             num_microbatches=self.num_microbatches)
         if isinstance(partition, Partition):
@@ -337,6 +338,16 @@ def _host_optimizer(store: HostStore, options) -> HostOptimizer | AsyncHostOptim
         raise ValueError(f"optimizer options {sorted(options)}: {error}; the settings are HostOptimizer's "
                          "(name, lr, betas, eps, weight_decay, momentum, max_grad_norm, loss_scaler, fused) "
                          "and 'asynchronous'") from None
+
+
+def _copied_input_bytes(sample_input, devices) -> int:
+    """Bytes of the copy of one caller's micro-batch a worker places at layer 0 (``pool_worker``), for the
+    memory plan: ``sample_input``'s on a pool with a GPU, 0 where every device is the CPU (its workers read
+    the caller's batch where it is) or no sample is given (a profile or a cut passed as ``partition=``)."""
+    if sample_input is None or all(d.type == "cpu" for d in devices):
+        return 0
+    tensors = (sample_input,) if isinstance(sample_input, torch.Tensor) else tuple(sample_input)
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
 
 
 def _out_of_memory(error: BaseException) -> bool:

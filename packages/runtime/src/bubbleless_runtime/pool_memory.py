@@ -4,9 +4,10 @@ A device's peak is found by the walk ``pool_plan_cap.plan_peak_bytes`` makes ove
 (``device_peak_walk``), so the automatic plan held to the budget passes this check: the weights of the
 jobs it holds at once (the current ones and the prefetched), here as the host store holds them, plus
 every micro-batch held from its R to its backward (``held_microbatch_bytes``: the activations autograd
-saves through the group, from a profile when there is one, its uploaded input in full and the gradient
-it hands down), two or more when the plan recomputes ahead or defers W past I, and a forward job's
-uploaded input while its F runs (``forward_input_bytes``). Without a profile only the
+saves through the group, from a profile when there is one, its uploaded input in full and the larger of
+the gradient it hands down and the one its B uploads), two or more when the plan recomputes ahead or
+defers W past I, a forward job's uploaded input while its F runs (``forward_input_bytes``), and at layer
+0 the copy of the caller's micro-batch a GPU worker makes (``input_bytes``). Without a profile only the
 weights are checked here; the executor's run-time accounting (``bubbleless_offload.MemoryBudget``)
 catches the rest in the first step.
 """
@@ -20,12 +21,13 @@ from bubbleless_schedules.roundrobin_layout import pool_groups
 from .pool_plan_cap import device_peak_walk, forward_input_bytes, held_microbatch_bytes
 
 
-def device_peaks(schedule: Schedule, store, profile=None) -> list[tuple[float, str]]:
-    """Per device: (peak bytes, how it is made up), as ``check_fits`` counts them."""
+def device_peaks(schedule: Schedule, store, profile=None, input_bytes: float = 0.0) -> list[tuple[float, str]]:
+    """Per device: (peak bytes, how it is made up), as ``check_fits`` counts them; ``input_bytes``: one
+    micro-batch of the caller's input as a GPU worker copies it (0 for CPU devices)."""
     groups = pool_groups(schedule)
     weights = [store.weight_bytes(list(groups.layers(j))) for j in range(groups.num_stages)]
-    held = [held_microbatch_bytes(groups, j, profile) for j in range(groups.num_stages)]
-    passing = [forward_input_bytes(groups, j, profile) for j in range(groups.num_stages)]
+    held = [held_microbatch_bytes(groups, j, profile, input_bytes) for j in range(groups.num_stages)]
+    passing = [forward_input_bytes(groups, j, profile, input_bytes) for j in range(groups.num_stages)]
     return [(peak.bytes, _made_up(peak, weights, held)) for peak in device_peak_walk(schedule, weights, held, passing)]
 
 
@@ -43,11 +45,12 @@ def _made_up(peak, weights, held) -> str:
     return " + ".join(parts)
 
 
-def check_fits(schedule: Schedule, store, budget: float | None, devices, profile=None) -> None:
+def check_fits(schedule: Schedule, store, budget: float | None, devices, profile=None,
+               input_bytes: float = 0.0) -> None:
     """ValueError naming the device, its peak and what makes it up, when the plan exceeds ``budget``."""
     if budget is None:
         return
-    for index, (peak, why) in enumerate(device_peaks(schedule, store, profile)):
+    for index, (peak, why) in enumerate(device_peaks(schedule, store, profile, input_bytes)):
         if peak > budget:
             groups = pool_groups(schedule)
             raise ValueError(

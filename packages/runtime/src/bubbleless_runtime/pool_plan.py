@@ -125,13 +125,15 @@ def dp_cut_options(name: str, options: dict, profile: Profile, *, bandwidth: flo
 
 
 def auto_groups(profile: Profile, *, num_devices: int, num_microbatches: int, name: str, options: dict,
-                bandwidth: float | None, memory_cap: float | None) -> tuple[PoolGroups, Schedule, Costs]:
+                bandwidth: float | None, memory_cap: float | None,
+                input_bytes: float = 0.0) -> tuple[PoolGroups, Schedule, Costs]:
     """The cut and schedule the simulator predicts fastest among 1 .. 3 x devices backward groups and,
     for ``roundrobin`` with no cut options, the generator's own cut and dispatch from the per-layer costs.
     Every candidate honours ``options``: a layer-cost-only one pinned (``split_backward=True``) has the DP
     cuts dispatched by the layer-cost generator too (``dp_cut_options``).
     ``memory_cap``: bytes per group (``cut()``'s rule); no device of the returned plan holds more than
-    ``2 x memory_cap`` (``pool_plan_cap.plan_peak_bytes``: two jobs' weights and the activations held)."""
+    ``2 x memory_cap`` (``pool_plan_cap.plan_peak_bytes``: two jobs' weights and the activations held,
+    ``input_bytes`` of the caller's micro-batch at layer 0)."""
     device_budget = None if memory_cap is None else 2 * memory_cap
     cut_options = dp_cut_options(name, options, profile, bandwidth=bandwidth)
     best = None
@@ -156,8 +158,8 @@ def auto_groups(profile: Profile, *, num_devices: int, num_microbatches: int, na
             continue
         groups = pool_groups(schedule)  # the layer-cost generator may deal a job over devices
         costs = job_costs(profile, groups, bandwidth=bandwidth)
-        if not fits(schedule, profile, device_budget):  # a dispatch holding more than one micro-batch
-            peak = max(plan_peak_bytes(schedule, profile))
+        if not fits(schedule, profile, device_budget, input_bytes):  # a dispatch holding more than one micro-batch
+            peak = max(plan_peak_bytes(schedule, profile, input_bytes))
             if smallest is None or peak < smallest[0]:
                 smallest = (peak, count)
             continue
@@ -167,7 +169,8 @@ def auto_groups(profile: Profile, *, num_devices: int, num_microbatches: int, na
     if name == "roundrobin" and not _CUT_OPTIONS & set(options):
         try:
             generated = generated_within(profile, device_budget, layer_costs=layer_costs_of(profile, bandwidth=bandwidth),
-                                         num_devices=num_devices, num_microbatches=num_microbatches, options=options)
+                                         num_devices=num_devices, num_microbatches=num_microbatches, options=options,
+                                         input_bytes=input_bytes)
         except ValueError:  # its own cuts miss a pinned option (weight_limit): a DP cut's plan may meet it
             if best is None:
                 raise

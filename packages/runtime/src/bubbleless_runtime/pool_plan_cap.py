@@ -14,11 +14,14 @@ budget the layer-cost generator's plan is held to, counted by ``plan_peak_bytes`
   next job). A job split over devices holds its weights on each of them.
   A job's weights are its layers' ``param_bytes`` times ``Profile.state_bytes_per_param_byte``.
 - micro-batches: a gradient job's R (the fused last group's F) keeps its layers'
-  ``activation_bytes_per_token`` times ``tokens_per_microbatch``, its uploaded input (in full) and the
-  input gradient it hands down (``held_microbatch_bytes``) until that micro-batch's B, or its W when B is
-  split into I and W (I is counted as freeing nothing). Recomputing ahead (two micro-batches, or the
-  next job's in the current job's waits) holds them all. Forward jobs keep nothing past an action, but
-  each F holds its uploaded input while it runs (``forward_input_bytes``).
+  ``activation_bytes_per_token`` times ``tokens_per_microbatch``, its uploaded input (in full), and the
+  larger of the input gradient it hands down and the output gradient its B uploads
+  (``held_microbatch_bytes``) until that micro-batch's B, or its W when B is split into I and W (I is
+  counted as freeing nothing). Recomputing ahead (two micro-batches, or the next job's in the current
+  job's waits) holds them all. Forward jobs keep nothing past an action, but each F holds its uploaded
+  input while it runs (``forward_input_bytes``).
+- layer 0's input: the caller's micro-batch, which a GPU worker copies to its device and counts (a CPU
+  worker reads it where it is), ``input_bytes`` of it (0 by default: a profile does not give it).
 
 The pool's own fit check (``pool_memory.check_fits``) walks the same way (``device_peak_walk``), with
 the weights' bytes as the host store holds them, so a plan held to a budget here passes it. What no
@@ -35,43 +38,53 @@ from bubbleless_schedules.action import Kind
 from bubbleless_schedules.roundrobin_layout import held_jobs, peak_weight_layers, pool_groups
 
 
-def plan_peak_bytes(schedule: Schedule, profile: Profile) -> tuple[float, ...]:
-    """Per device, the most bytes of weights and held micro-batches it holds at once (module docstring)."""
+def plan_peak_bytes(schedule: Schedule, profile: Profile, input_bytes: float = 0.0) -> tuple[float, ...]:
+    """Per device, the most bytes of weights and held micro-batches it holds at once (module docstring);
+    ``input_bytes``: what a worker holds of one micro-batch of the caller's input (0 on CPU devices)."""
     groups = pool_groups(schedule)
     if groups.num_layers != profile.num_layers:
         raise ValueError(f"the schedule cuts {groups.num_layers} layers but the profile has {profile.num_layers}")
     weights = [sum(profile.layers[i].param_bytes for i in groups.layers(j)) * profile.state_bytes_per_param_byte
                for j in range(groups.num_stages)]
-    held = [held_microbatch_bytes(groups, j, profile) for j in range(groups.num_stages)]
-    passing = [forward_input_bytes(groups, j, profile) for j in range(groups.num_stages)]
+    held = [held_microbatch_bytes(groups, j, profile, input_bytes) for j in range(groups.num_stages)]
+    passing = [forward_input_bytes(groups, j, profile, input_bytes) for j in range(groups.num_stages)]
     return tuple(peak.bytes for peak in device_peak_walk(schedule, weights, held, passing))
 
 
-def held_microbatch_bytes(groups, job: int, profile: Profile | None) -> float:
+def held_microbatch_bytes(groups, job: int, profile: Profile | None, input_bytes: float = 0.0) -> float:
     """One micro-batch of gradient job ``job`` from its R (the fused group's F) to its backward: its
-    uploaded input, what autograd saves through the group, and the input gradient it hands down, as the
-    executor counts them (``pool_worker``: the upload reserved in full, then every other storage saved).
-    A profile's saved bytes hold a layer's input where the layer saves it (a norm that keeps its input)
-    and not where it saves something else (an RMSNorm keeping its float32 copy of a bf16 input, a tanh
-    its output); a profile does not say which, so the upload is counted in full beside them: exact for
-    the second kind, one boundary over for the first, never under. The gradient is a new tensor beside
-    them. Forward jobs keep nothing; without a profile nothing is known (0)."""
+    uploaded input, what autograd saves through the group, and the larger of the input gradient it hands
+    down and the output gradient its B uploads (a backward job's; the last group's starts at the loss), as
+    the executor counts them (``pool_worker``: the upload reserved in full, then every other storage
+    saved, then the output gradient's upload). A job at layer 0 uploads ``input_bytes`` of the caller's
+    micro-batch (a GPU worker's copy) and hands no gradient down, but its B still takes the gradient of
+    its output: without that, a layer-0 job whose layers save little (an embedding) was counted under
+    what it reserves. A profile's saved bytes hold a layer's input where the layer saves it (a norm that
+    keeps its input) and not where it saves something else (an RMSNorm keeping its float32 copy of a bf16
+    input, a tanh its output); a profile does not say which, so the upload is counted in full beside them:
+    exact for the second kind, one boundary over for the first, never under. Forward jobs keep nothing;
+    without a profile nothing is known (0)."""
     if profile is None or groups.role(job) == "forward":
         return 0.0
     tokens = profile.tokens_per_microbatch
     layers = groups.layers(job)
     saved = sum(profile.layers[i].activation_bytes_per_token for i in layers) * tokens
     boundary = profile.layers[layers.start - 1].output_bytes_per_token * tokens if layers.start > 0 else 0.0
-    return saved + 2 * boundary
+    upload = boundary if layers.start > 0 else input_bytes
+    received = profile.layers[layers.stop - 1].output_bytes_per_token * tokens if groups.role(job) == "backward" else 0.0
+    return saved + upload + max(boundary, received)
 
 
-def forward_input_bytes(groups, job: int, profile: Profile | None) -> float:
+def forward_input_bytes(groups, job: int, profile: Profile | None, input_bytes: float = 0.0) -> float:
     """What a forward job's F holds while it runs and frees after: its uploaded input (``pool_worker``
-    reserves it for the F). Layer 0 reads the caller's micro-batch, whose bytes a profile does not give
-    (0, as on a CPU device); other jobs' F keep a graph and are counted by ``held_microbatch_bytes``."""
+    reserves it for the F), at layer 0 ``input_bytes`` of the caller's micro-batch (a GPU worker's copy; 0
+    on a CPU device, which reads it where it is). Other jobs' F keep a graph and are counted by
+    ``held_microbatch_bytes``; without a profile nothing is known (0)."""
     layers = groups.layers(job)
-    if profile is None or groups.role(job) != "forward" or layers.start == 0:
+    if profile is None or groups.role(job) != "forward":
         return 0.0
+    if layers.start == 0:
+        return input_bytes
     return profile.layers[layers.start - 1].output_bytes_per_token * profile.tokens_per_microbatch
 
 
@@ -110,9 +123,10 @@ def device_peak_walk(schedule: Schedule, weights, held_bytes, passing_bytes=None
     return peaks
 
 
-def fits(schedule: Schedule, profile: Profile, device_budget: float | None) -> bool:
+def fits(schedule: Schedule, profile: Profile, device_budget: float | None, input_bytes: float = 0.0) -> bool:
     """Whether no device of ``schedule`` holds more than ``device_budget`` bytes (None: any plan fits)."""
-    return device_budget is None or max(plan_peak_bytes(schedule, profile)) <= device_budget * (1 + 1e-12)
+    return device_budget is None or \
+        max(plan_peak_bytes(schedule, profile, input_bytes)) <= device_budget * (1 + 1e-12)
 
 
 LEANER = ({"recompute_ahead": 1}, {"split_backward": False}, {"split_backward": False, "recompute_ahead": 1})
@@ -122,7 +136,7 @@ no W deferred past its I, and both."""
 
 
 def generated_within(profile: Profile, device_budget: float | None, *, layer_costs, num_devices: int,
-                     num_microbatches: int, options: dict) -> list[Schedule]:
+                     num_microbatches: int, options: dict, input_bytes: float = 0.0) -> list[Schedule]:
     """Plans of ``generate("roundrobin", layer_costs=...)`` that keep every device within ``device_budget``
     bytes (``plan_peak_bytes``); the caller simulates them and keeps the fastest. Without a budget, or
     with ``weight_limit`` in ``options``, the generator's own plan (none if over the budget; its
@@ -153,12 +167,12 @@ def generated_within(profile: Profile, device_budget: float | None, *, layer_cos
         return plans[key]
 
     def fitting(schedule: Schedule) -> bool:
-        return fits(schedule, profile, device_budget)
+        return fits(schedule, profile, device_budget, input_bytes)
 
     if device_budget is None or "weight_limit" in options:  # the options' own errors are the caller's
         schedule = generate("roundrobin", num_ranks=num_devices, num_microbatches=num_microbatches,
                             layer_costs=layer_costs, **options)
-        return [schedule] if fits(schedule, profile, device_budget) else []
+        return [schedule] if fitting(schedule) else []
     most = most_layers_within(profile, device_budget)
     if most < 1:
         return []

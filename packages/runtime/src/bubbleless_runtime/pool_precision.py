@@ -10,7 +10,8 @@ parameter); a float32 profile does not. The activations themselves mostly shrink
 everywhere: a float32 tensor that one op saves and the next linear saves again as its cast copy is
 kept twice.
 
-So ``bounded_over_precisions`` measures each layer's saved bytes (and its output's) once more in each of
+So ``bounded_over_precisions`` measures each layer's saved bytes (and its whole output's, the tensors
+riding beside the main one included: the pool uploads them all) once more in each of
 ``PRECISIONS`` (none: float32, and autocast at each two-byte dtype, cast cache off). Each run is a
 chain, every layer fed the output of the one before it in that precision. The profile then keeps, per
 layer, the most of those counts and the measured ones. Layer by layer this is an upper bound of what the
@@ -103,10 +104,20 @@ def saved_and_output_bytes(layers, sample_input, device: torch.device,
                 dtype, adapters, x = chain
                 layer = adapters[index].to(device)
                 saved, y = _forward_counted(layer, x, device, dtype)
-                most_saved, most_output = max(most_saved, saved), max(most_output, y.numel() * y.element_size())
+                most_saved, most_output = max(most_saved, saved), max(most_output, _whole_output_bytes(layer, y))
                 chain[2] = y.detach()
             out.append((most_saved, most_output))
     return out
+
+
+def _whole_output_bytes(adapter, main: torch.Tensor) -> int:
+    """Bytes of the layer's whole output, the tensors riding beside its main one included (the MoE router
+    statistics, rotary embeddings, the test model's side tensors): the pool hands all of them on, uploads
+    each and reserves them in full (``pool_worker._upload``), where ``measure`` times and counts the main
+    tensor alone (``auto_partition._MainTensor``, whose ``output.rebuild`` gives the whole output back)."""
+    whole = adapter.output.rebuild(main)
+    tensors = (whole,) if isinstance(whole, torch.Tensor) else tuple(t for t in whole if isinstance(t, torch.Tensor))
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _forward_counted(layer, x: torch.Tensor, device: torch.device, dtype) -> tuple[int, torch.Tensor]:
