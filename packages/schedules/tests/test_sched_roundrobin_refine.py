@@ -3,7 +3,7 @@
 import pytest
 
 from bubbleless_schedules import Costs, generate, simulate, validate
-from bubbleless_schedules.generators import roundrobin_refine, roundrobin_search
+from bubbleless_schedules.generators import roundrobin_cut, roundrobin_refine, roundrobin_search
 from bubbleless_schedules.generators.roundrobin_cut import candidate_cuts, job_costs
 from bubbleless_schedules.generators.roundrobin_refine import neighbours, refine
 from bubbleless_schedules.roundrobin_layout import PoolGroups, pool_groups
@@ -56,6 +56,8 @@ def test_refined_cut_balances_a_small_model_better_than_every_cap_packed_cut(mon
     monkeypatch.setattr(roundrobin_search, "SPLITS", ())
     monkeypatch.setattr(roundrobin_search, "grown_fused", lambda *args, **kwargs: [])
     monkeypatch.setattr(roundrobin_search, "TAIL_SPLITS", ())
+    monkeypatch.setattr(roundrobin_search, "fused_devices", lambda *args: None)  # and no fine cuts: the
+    monkeypatch.setattr(roundrobin_cut, "FINE_FORWARD", ())  # fine cut with the head split is a candidate
     refined = generate("roundrobin", num_ranks=4, num_microbatches=8, layer_costs=layer_costs,
                        split_backward=False)
     validate(refined)

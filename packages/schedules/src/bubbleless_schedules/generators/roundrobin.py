@@ -23,7 +23,8 @@ Options (all optional):
   then chooses the cut and the dispatch itself, judged by the simulator (``roundrobin_search``): jobs go
   to the device that frees first, recompute may run ahead of the gradient into the waits (also into a
   paced forward job's waits, for the device's next backward job), the cut may taper at both ends to
-  shorten the wavefront's fill and drain, and a local search moves layers between groups while the
+  shorten the wavefront's fill and drain, or be *fine* (one body layer per backward group, the fused group
+  split over devices so it does not pace them: ``roundrobin_cut.candidate_cuts``), and a local search moves layers between groups while the
   makespan shrinks (``roundrobin_refine``); the job that paces the step (the fused last group, or the
   heaviest job) may run on two or more devices, its micro-batches dealt among them (one more upload of
   its weights per device), and the fused group may grow (less recompute) when split so, within

@@ -105,22 +105,39 @@ TAPERS = ((0, 0), (1, 1), (2, 2), (4, 2), (8, 2), (8, 0))
 first devices start within a few layers' time of each other, a short backward one ends the drain."""
 
 
+FINE_FORWARD = (0.6, 0.8, 1.0)
+"""Forward caps of the fine cuts (``candidate_cuts``), in units of the slowest body layer's backward job
+time (R + B): forward groups of about that many layers' backward work per micro-batch."""
+
+
 def candidate_cuts(layer_costs: Costs, *, memory_fits=None) -> list[PoolGroups]:
-    """Distinct cuts over caps around the slowest layer's job time, forward caps and tapers."""
+    """Distinct cuts over caps around the slowest layer's job time, forward caps and tapers; per taper
+    also the *fine* cuts, whose backward groups hold one body layer each (cap: the slowest body layer's
+    R + B) and whose forward groups ``FINE_FORWARD`` of it. Where the fused group (often the LM head,
+    whose F + B is several body layers' R + B) is slower than such groups, a fine cut only pays with the
+    fused group split over devices (``roundrobin_search`` tries that split with it): many short jobs
+    even out the work per device and shorten the fill and drain."""
     count = check_layer_costs(layer_costs)
-    slowest = max(
-        layer(layer_costs, "forward", i) + layer(layer_costs, "backward_input", i)
-        + layer(layer_costs, "backward_weight", i) + (layer(layer_costs, "recompute", i) if i < count - 1 else 0.0)
-        for i in range(count)
-    )
+    job = [layer(layer_costs, "forward", i) + layer(layer_costs, "backward_input", i)
+           + layer(layer_costs, "backward_weight", i) + (layer(layer_costs, "recompute", i) if i < count - 1 else 0.0)
+           for i in range(count)]
+    slowest = max(job)
+    body = max((layer(layer_costs, "recompute", i) + layer(layer_costs, "backward_input", i)
+                + layer(layer_costs, "backward_weight", i) for i in range(count - 1)), default=0.0)
     cuts: list[PoolGroups] = []
+
+    def add(groups: PoolGroups) -> None:
+        if groups not in cuts and (memory_fits is None or memory_fits(groups)):
+            cuts.append(groups)
+
     for taper, backward_taper in TAPERS:  # in this order: a search out of budget keeps the first tapers
         for factor in FACTORS:
             for forward_factor in (0.8, 1.0):
-                groups = tapered_cut(layer_costs, slowest * factor, forward_cap=slowest * factor * forward_factor,
-                                     taper=taper, backward_taper=backward_taper)
-                if groups not in cuts and (memory_fits is None or memory_fits(groups)):
-                    cuts.append(groups)
+                add(tapered_cut(layer_costs, slowest * factor, forward_cap=slowest * factor * forward_factor,
+                                taper=taper, backward_taper=backward_taper))
+        for forward_factor in FINE_FORWARD if body > 0 else ():
+            add(tapered_cut(layer_costs, body, forward_cap=body * forward_factor, taper=taper,
+                            backward_taper=backward_taper))
     return cuts
 
 

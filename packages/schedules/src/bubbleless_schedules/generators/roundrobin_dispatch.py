@@ -71,21 +71,21 @@ class JobTimes:
 def list_dispatch(groups: PoolGroups, times: JobTimes, num_devices: int, num_microbatches: int,
                   ahead: int, round_size: int | None = None, next_ahead: int = 0,
                   parts: dict[int, tuple[Sequence[int], ...]] | None = None,
+                  assignment: Sequence[int] | None = None,
                   ) -> tuple[list[list[Action]], float]:
     """Each device's action order (see the module docstring) and the makespan the list scheduler saw
     (at least what the simulator gives for that order: it replays each action as early as possible).
 
     ``parts``: job -> its micro-batches cut into parts (``split_parts``), each part a unit of its own
-    dealt like any job (so usually to another device: a split job, one LOAD and STORE per device)."""
+    dealt like any job (so usually to another device: a split job, one LOAD and STORE per device).
+
+    ``assignment``: the device of each unit (``dispatch_units``' order), instead of dealing them; each
+    device runs its units in that order (``assignment_of`` reads it back from rows)."""
     count, mbs = groups.num_stages, num_microbatches
     roles = [groups.role(j) for j in range(count)]  # read once: role() is a method call per action
     if parts and round_size is not None:
         raise ValueError("list_dispatch: parts= split whole jobs; with round_size every round is a unit already")
-    size = mbs if round_size is None else round_size
-    if round_size is None:
-        units = [(job, part) for job in range(count) for part in (parts or {}).get(job, (range(mbs),))]
-    else:
-        units = [(job, range(r, min(r + size, mbs))) for r in range(0, mbs, size) for job in range(count)]
+    units = dispatch_units(count, mbs, round_size, parts)
     feeds = []
     for job in range(count):
         if roles[job] == "backward":
@@ -144,6 +144,11 @@ def list_dispatch(groups: PoolGroups, times: JobTimes, num_devices: int, num_mic
 
     # with next_ahead, jobs go k mod N, so a device knows its next job and recomputes it in its waits
     queues = [list(range(d, len(units), num_devices)) for d in range(num_devices)] if next_ahead else None
+    if assignment is not None:
+        if len(assignment) != len(units) or any(not 0 <= d < num_devices for d in assignment):
+            raise ValueError(f"list_dispatch: assignment= needs one device in 0..{num_devices - 1} per unit "
+                             f"({len(units)} units), got {list(assignment)}")
+        queues = [[u for u, d in enumerate(assignment) if d == device] for device in range(num_devices)]
 
     def upcoming(device):
         if queues is not None:
@@ -223,5 +228,24 @@ def list_dispatch(groups: PoolGroups, times: JobTimes, num_devices: int, num_mic
         for other in list(waiting):  # a new event may unblock a device that waits on it
             heapq.heappush(heap, (max(end + (comm if other != device else 0.0), free[other]), other))
     if dealt < len(units) or any(taken):
+        if assignment is not None:  # a given assignment may park two parts of one job on a device
+            raise ValueError("list_dispatch: the assignment leaves units unfinished (two parts of one job on one "
+                             "device, or a wait no order resolves); give each part of a job its own device")
         raise AssertionError("list dispatch left jobs unfinished")
     return rows, max(free)
+
+
+def dispatch_units(count: int, num_microbatches: int, round_size: int | None = None,
+                   parts: dict[int, tuple[Sequence[int], ...]] | None = None) -> list[tuple[int, Sequence[int]]]:
+    """The units ``list_dispatch`` deals, in execution order: (job, its micro-batches)."""
+    mbs = num_microbatches
+    if round_size is None:
+        return [(job, part) for job in range(count) for part in (parts or {}).get(job, (range(mbs),))]
+    return [(job, range(r, min(r + round_size, mbs))) for r in range(0, mbs, round_size) for job in range(count)]
+
+
+def assignment_of(rows: Sequence[Sequence[Action]], units: Sequence[tuple[int, Sequence[int]]]) -> tuple[int, ...]:
+    """The device each unit of ``units`` (``dispatch_units``) runs on in ``rows``."""
+    where = {(a.stage, a.microbatch): device for device, row in enumerate(rows) for a in row
+             if a.microbatch is not None}
+    return tuple(where[(job, mine[0])] for job, mine in units)

@@ -1,12 +1,16 @@
 """``roundrobin`` with per-layer costs: the cut and the dispatch chosen together by the simulator.
 
 Every candidate cut (``roundrobin_cut.candidate_cuts``, or the one cut the options pin) is dispatched by
-the list scheduler (``roundrobin_dispatch``) with recompute running at most 1 micro-batch ahead; the
-``FINALISTS`` best cuts also with 2 ahead and with the device's next job recomputing in the current
+the list scheduler (``roundrobin_dispatch``) with recompute running at most 1 micro-batch ahead, and where
+its fused group is slower per micro-batch than every other job (``fused_devices``: the LM head against
+the fine cuts' one-layer groups) also with that group split interleaved over as many devices as keep it
+from pacing, so a cut of many short jobs is judged as it would run; the ``FINALISTS`` best (cut, split)
+also with 2 ahead and with the device's next job recomputing in the current
 job's waits (``next_ahead``; not when the options pin ``recompute_ahead``, which bounds what a device
 recomputes before its backward). The list scheduler's own makespans rank them; unless the options pin
 the cut, the best one's cut is then refined by a local search under the same look-ahead
-(``roundrobin_refine``: single-layer moves between groups, merges and splits). From that best unsplit
+(``roundrobin_refine``: single-layer moves between groups, merges and splits; under the best plan's
+fused-group split, and then from the best unsplit plan too when those differ). From the best unsplit
 plan, jobs are then split over devices (a split job LOADs its weights and STOREs its partial gradients
 on each of its devices): the pacing jobs over two (``pacing_jobs``: the fused last group and the job with
 the most work; halves or interleaved, ``roundrobin_dispatch.SPLITS``), and larger fused groups
@@ -55,7 +59,8 @@ AHEADS = (1, 2)
 
 def dispatched(groups: PoolGroups, layer_costs: Costs, *, num_devices: int, num_microbatches: int, ahead: int,
                weight_transfers: bool = True, split_backward: bool = False,
-               next_ahead: int = 0, split_job: tuple | None = None) -> tuple[Schedule, Costs, float]:
+               next_ahead: int = 0, split_job: tuple | None = None,
+               assignment: tuple[int, ...] | None = None) -> tuple[Schedule, Costs, float]:
     """One cut's schedule from the list scheduler, its per-job costs and the scheduler's makespan.
     ``split_job``: (job, how) runs that job's micro-batches on two devices (``roundrobin_dispatch.SPLITS``),
     (job, how, count) on ``count``; job ``"last"`` is the fused last group, whatever its index in this cut;
@@ -67,7 +72,7 @@ def dispatched(groups: PoolGroups, layer_costs: Costs, *, num_devices: int, num_
                      weight=costs.backward_weight if split_backward else None)
     parts = None if split_job is None else _parts(groups, split_job, num_microbatches)
     rows, makespan = list_dispatch(groups, times, num_devices, num_microbatches, ahead, next_ahead=next_ahead,
-                                   parts=parts)
+                                   parts=parts, assignment=assignment)
     schedule = Schedule(rows, num_stages=groups.num_stages, num_microbatches=num_microbatches, stage_to_rank=None,
                         name="roundrobin", layout="roundrobin", meta=groups.meta())
     return (add_weight_transfers(schedule) if weight_transfers else schedule), costs, makespan
@@ -155,12 +160,15 @@ def search(layer_costs: Costs, *, num_devices: int, num_microbatches: int, memor
         if order and spent + actions(cuts[order]) > budget // 2:
             break  # large models: the first tapers' cuts only (they have many small jobs already)
         consider(order, aheads[0])
+        wide = fused_devices(cuts[order], layer_costs, num_devices, num_microbatches)
+        if wide is not None:  # the fused group paces this cut's jobs: also with it split over devices
+            consider(order, aheads[0], 0, ("last", "interleaved", wide))
     ranked.sort(key=_rank)
-    for order in dict.fromkeys(r[1] for r in ranked[:FINALISTS]):
+    for order, split_job in dict.fromkeys((r[1], r[2][2]) for r in ranked[:FINALISTS]):
         for look in aheads[1:]:
-            consider(order, look)
+            consider(order, look, 0, split_job)
         for look in aheads if ahead is None else ():  # and recompute the next job's micro-batches in the
-            consider(order, look, num_microbatches)      # current job's waits (a pinned look-ahead holds to it)
+            consider(order, look, num_microbatches, split_job)  # current job's waits (a pinned look-ahead holds)
     if not ranked:
         if memory_limit is None:
             raise ValueError(f"no round-robin cut of the {len(layer_costs.forward)} layers keeps a device within "
@@ -171,17 +179,20 @@ def search(layer_costs: Costs, *, num_devices: int, num_microbatches: int, memor
             f"backward_stages= and last_layers="
         )
     ranked.sort(key=_rank)
-    if pinned is None:  # the cut chosen with the dispatch: a local search from the best one
-        makespan, order, (look, next_ahead, _) = ranked[0][:3]
+    if pinned is None:  # the cut chosen with the dispatch: a local search from the best plan and, if that
+        starts = [ranked[0], next((r for r in ranked if not r[2][2]), None)]  # is split, from the best unsplit
+        for start in dict.fromkeys(id(r) for r in starts if r is not None):
+            makespan, order, (look, next_ahead, split_start) = next(r for r in starts if id(r) == start)[:3]
 
-        def evaluate(cut: PoolGroups) -> float | None:
-            cuts.append(cut)
-            return consider(len(cuts) - 1, look, next_ahead)
+            def evaluate(cut: PoolGroups, look=look, next_ahead=next_ahead, split_start=split_start) -> float | None:
+                cuts.append(cut)  # under the start's job split, if any
+                return consider(len(cuts) - 1, look, next_ahead, split_start)
 
-        roundrobin_refine.refine(cuts[order], makespan, evaluate, actions_per_evaluation=actions,
-                                 budget=min(roundrobin_refine.ACTION_BUDGET, max(0, budget - spent)))
+            roundrobin_refine.refine(cuts[order], makespan, evaluate, actions_per_evaluation=actions,
+                                     budget=min(roundrobin_refine.ACTION_BUDGET, max(0, budget - spent)))
         ranked.sort(key=_rank)
-    unsplit = ranked[0]
+    # the best plan with no job split (the fine cuts' candidates may come with their fused group split)
+    unsplit = next((r for r in ranked if not r[2][2]), ranked[0])
     if num_devices >= 2 and num_microbatches >= 2:  # then split jobs over devices, from the best unsplit plan
         _, order, (look, next_ahead, _), schedule, costs = unsplit
         if weight_limit is None:  # within the weights the best unsplit plan holds per device
@@ -278,6 +289,21 @@ def grown_fused(groups: PoolGroups, layer_costs: Costs, num_devices: int, num_mi
             if count >= 2:
                 found.append((cut, count))
     return found
+
+
+def fused_devices(groups: PoolGroups, layer_costs: Costs, num_devices: int, num_microbatches: int) -> int | None:
+    """Devices to split the fused last group over when its F + B per micro-batch is slower than every other
+    job's (F, or R + B): about as many as bring it down to the slowest other job's; None when it does not
+    pace (or nothing else is there to pace against)."""
+    costs = job_costs(layer_costs, groups)
+    per = [costs.forward[j] if groups.role(j) == "forward" else
+           costs.backward_input[j] + costs.backward_weight[j]
+           + (costs.forward[j] if groups.role(j) == "last" else costs.recompute[j]) for j in range(groups.num_stages)]
+    others = max((t for j, t in enumerate(per) if j != groups.last_stage), default=0.0)
+    most = min(num_devices, num_microbatches)
+    if others <= 0.0 or per[groups.last_stage] <= others + 1e-9 or most < 2:
+        return None
+    return min(most, max(2, math.ceil(per[groups.last_stage] / others - 1e-9)))
 
 
 def pacing_jobs(groups: PoolGroups, costs: Costs, num_microbatches: int) -> list:
