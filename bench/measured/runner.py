@@ -204,5 +204,7 @@ def longest_sequence(scenario: Scenario, system: str, *, progress=None, probe_fn
             progress.update(1)
         return result
 
-    return search(fits, budget=scenario.memory_budget_mib * 2**20, low=scenario.longest_low,
-                  cap=scenario.longest_high, granularity=scenario.longest_granularity)
+    started = time.perf_counter()
+    found = search(fits, budget=scenario.memory_budget_mib * 2**20, low=scenario.longest_low,
+                   cap=scenario.longest_high, granularity=scenario.longest_granularity)
+    return {**found, "wall_s": time.perf_counter() - started}
