@@ -102,8 +102,10 @@ def _ratio(value: float | None, reference: float) -> str:
 def rp_memory(schedule) -> dict:
     """The memory RoundPipe's dispatch holds per device, as ``roundrobin`` limits: ``weight_limit`` its most
     layers of weights at once (``held_weights``), ``memory_limit`` its peak activations (M_B, the shared
-    simulator's count: one micro-batch of its largest gradient group). Held to both, ours fits any device
-    budget RoundPipe's plan fits, whatever a layer's weights weigh against its activations."""
+    simulator's count: one micro-batch of its largest gradient group). Held to both, each bound separately
+    (layers of weights, and M_B), ours holds no more weight layers and no more activations than RoundPipe's plan;
+    the two peaks may fall at different moments, so in bytes this holds for layers of equal weights (a head much
+    heavier than a decoder layer could make ours' same-moment peak the larger)."""
     return {"weight_limit": _held_layers(schedule), "memory_limit": max(peak_memory(schedule))}
 
 
@@ -177,8 +179,9 @@ def section() -> str:
         "Memory constraint: every 'ours' column except the last two is generated within RoundPipe's own "
         "per-device memory: at most its peak layers of weights (`weight_limit`) and its peak activations "
         "(`memory_limit`, M_B: one micro-batch of its largest gradient group), taken from its fastest dispatch "
-        "over its own cuts; so ours fits any device budget RoundPipe's plan fits, whatever a layer's weights "
-        "weigh against its activations. Two jobs' weights at most per device in every column (the pool's "
+        "over its own cuts, each bound on its own (layers of weights, M_B), so ours never holds more weight layers "
+        "or more activations than RoundPipe's plan (in bytes, for layers of equal weights: the two peaks may fall "
+        "at different moments). Two jobs' weights at most per device in every column (the pool's "
         "prefetch rule). 'RP's weights only' lifts the activation limit: recompute ahead, deferred W and a "
         "larger fused group then hold many micro-batches (its peak activations are printed). "
         "RoundPipe = the independent reference over its own partitioner's cuts; RP (any cut) = the same "

@@ -119,6 +119,10 @@ def test_weight_limit_errors_say_what_to_change():
         generate("roundrobin", num_ranks=8, num_microbatches=8, layer_costs=HEAVY_HEAD, weight_limit=0)
     with pytest.raises(ValueError, match="weight_limit needs layer_costs="):
         generate("roundrobin", num_ranks=8, num_microbatches=8, weight_limit=4)
+    # a weight limit no cut meets, with a memory limit too: the weight limit is what binds, and is named
+    unit = Costs([1.0] * 16, [1.0] * 16, [1.0] * 16, 0.0)
+    with pytest.raises(ValueError, match="weight_limit=1 layers of weights; raise weight_limit"):
+        generate("roundrobin", num_ranks=2, num_microbatches=4, layer_costs=unit, memory_limit=2.0, weight_limit=1)
 
 
 def _job_layers(schedule) -> list[int]:

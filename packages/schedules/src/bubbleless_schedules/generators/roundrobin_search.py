@@ -170,9 +170,11 @@ def search(layer_costs: Costs, *, num_devices: int, num_microbatches: int, memor
         for look in aheads if ahead is None else ():  # and recompute the next job's micro-batches in the
             consider(order, look, num_microbatches, split_job)  # current job's waits (a pinned look-ahead holds)
     if not ranked:
-        if memory_limit is None:
+        if memory_limit is None or smallest_peak is None:  # no cut passed the weight limit to be measured
             raise ValueError(f"no round-robin cut of the {len(layer_costs.forward)} layers keeps a device within "
-                             f"weight_limit={weight_limit} layers of weights; raise weight_limit")
+                             f"weight_limit={weight_limit} layers of weights; raise weight_limit"
+                             + ("" if memory_limit is None else f" (every cut failed it before "
+                                                                f"memory_limit={memory_limit:g} M_B was checked)"))
         raise ValueError(
             f"no round-robin cut of the {len(layer_costs.forward)} layers fits memory_limit={memory_limit:g} M_B "
             f"(the smallest peak found is {smallest_peak:g} M_B); raise the limit, or pin smaller groups with "
