@@ -288,6 +288,10 @@ def search_v_schedule(
     if per_try <= _MIN_TRIES_UP_TO:
         budget = max(budget, _MIN_TRIES * per_try)
     leaders: list[GreedyResult] = []  # the fastest candidates, fastest first, for the cool-down step
+    formatted = None
+    if cap_chunks >= 2 * p - 1e-9:  # the published ZB-V order, timed with the true costs: see _FIXED_ORDERS_UP_TO
+        formatted = _fixed_result(p, m, [zbv_formatted(r, p, m) for r in range(p)], costs, input_grad_frees)
+        spent += per_try if per_try > _FIXED_ORDERS_UP_TO else 0
     for scripts, policy in _candidates(p, m, cap_chunks):
         result = v_list_schedule(p, m, costs, cap_chunks, policy, input_grad_frees, scripts)
         spent += per_try
@@ -297,10 +301,8 @@ def search_v_schedule(
         if best is not None and spent + per_try > budget:
             break  # before the next candidate is built: scripts for large shapes take time to write
     assert best is not None, "the unscripted list scheduler always finishes"
-    if cap_chunks >= 2 * p - 1e-9 and 6 * p * m <= _FIXED_ORDERS_UP_TO:
-        formatted = _fixed_result(p, m, [zbv_formatted(r, p, m) for r in range(p)], costs, input_grad_frees)
-        if formatted.peak_chunks <= cap_chunks + 1e-9 and _better(formatted, best):
-            best = formatted
+    if formatted is not None and formatted.peak_chunks <= cap_chunks + 1e-9 and _better(formatted, best):
+        best = formatted
     if cap_chunks < 2 * p - 1e-9 and 6 * p * m <= STABLE_UP_TO:
         for kind in ("v-half", "v-min"):  # the published greedy over the stable patterns, as it orders them
             greedy = _fixed_result(p, m, stable_greedy_orders(p, m, kind), costs, input_grad_frees)
@@ -389,7 +391,10 @@ def _exact(p: int, m: int, costs: Costs, cap_chunks: float, best: GreedyResult) 
 
 
 _FIXED_ORDERS_UP_TO = 20_000
-"""Actions up to which fixed published orders are also timed by the simulator (0.05 s at this size)."""
+"""The published ZB-V order is timed by the simulator at every size (0.05 s at 20,000 actions, 0.3 s at
+p=32 m=256); above this many actions it takes one search try's place in ``_SEARCH_BUDGET``, since there
+the budget allows only two to four tries and the published order beats the scripted ones (p=32 m=128,
+1.5B profile: 6264.4 against 6366.4; bench/results/large_shapes.md)."""
 _LOCAL_SEARCH_UP_TO = 2_000
 _LOCAL_SEARCH_BUDGET = 1.5e5
 """Actions up to which the winner is polished by adjacent swaps, then by moves of one action a few places
