@@ -4,6 +4,7 @@
     python -m bench.schedules.large_shapes --m 128 --names zbv      # one piece
     python -m bench.schedules.large_shapes --record cases.jsonl     # resumable: cases already there are skipped
     python -m bench.schedules.large_shapes --record cases.jsonl --m # table the record only (no m to run)
+    python -m bench.schedules.large_shapes --retime old.jsonl --names zbv --record new.jsonl  # ours again
 
 Same comparison as sections (f) and (g) of compare.py (ours / best independent reference under the same
 memory limit, above 1.000 fails), over the rows those sections skip. ``auto`` is left out, as compare.py
@@ -126,6 +127,20 @@ def run(names, ms, profiles, record: Path | None) -> list[Compared]:
     return found
 
 
+def retimed(found: list[Compared], names) -> list[Compared]:
+    """``found`` with ours re-generated for ``names`` (after a change to our generators), the recorded
+    references kept: they are independent of our code, and they are most of the run's time."""
+    out = []
+    for c in found:
+        if c.name in names:
+            costs = costs_for(c.profile, P) if c.name in ZB_NAMES else costs_for(c.profile, 2 * P, 2)
+            limit = None if c.name in ("zb-h1", "zb-h2") else c.limit
+            ours, seconds = _cpu(lambda: _ours(c.name, costs, c.m, limit))  # noqa: B023
+            c = c._replace(ours=ours, ours_seconds=seconds)
+        out.append(c)
+    return out
+
+
 def rows(found: list[Compared]) -> list[list]:
     """[generator, costs, m, cases, worst, geomean, CPU s, slower cases] per generator, profile and m."""
     groups = defaultdict(list)
@@ -161,8 +176,15 @@ def main(argv=None) -> int:
     parser.add_argument("--profiles", nargs="*", default=list(PROFILES), choices=PROFILES,
                         help="cost profiles (default all)")
     parser.add_argument("--record", type=Path, help="JSON-lines file of compared cases: appended, and skipped on rerun")
+    parser.add_argument("--retime", type=Path, help="a record whose cases of --names get ours re-generated, "
+                        "references kept; the result is written to --record (nothing else is run)")
     args = parser.parse_args(argv)
-    found = run(args.names, args.m, args.profiles, args.record)
+    if args.retime is not None:
+        found = retimed([c for c in load(args.retime) if c.m in args.m], set(args.names))
+        if args.record is not None:
+            args.record.write_text("".join(json.dumps(c._asdict()) + "\n" for c in found))
+    else:
+        found = run(args.names, args.m, args.profiles, args.record)
     if not found:
         print("no cases compared")
         return 0
