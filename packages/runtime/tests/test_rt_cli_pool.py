@@ -209,3 +209,22 @@ def test_the_roundrobin_example_runs_as_shipped(tmp_path):
     assert {"F", "R", "LOAD", "STORE"} <= kinds and ("B" in kinds or {"I", "W"} <= kinds)  # the plan picks B or I/W
     assert trace["otherData"]["time_unit"] == "s"
     assert 1e3 < max(e["ts"] + e["dur"] for e in spans) < 60e6  # a real step, in microseconds
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_cli_built_pool_plans_for_train_precision(precision):
+    """``bubbleless train``'s pool is planned for the precision its steps run in (train.precision), not for
+    the most any precision holds: RoundRobinPipeline(precision=...) gets it, and partition: auto profiles
+    the layers in it alone."""
+    from bubbleless_runtime.data_eval import sample_input_of, training_data
+    from bubbleless_runtime.pool_precision import precisions_of
+    from bubbleless_runtime.train_pipelines import build_model, pool_pipeline
+
+    text = ROUNDROBIN_CONFIG_YAML.replace("precision: fp32", f"precision: {precision}")
+    config = cfg.load_config(text=text.replace("devices: [cpu, cpu, cpu, cpu]", "devices: [cpu, cpu]"))
+    assert config.train.precision == precision and config.pipeline.partition == "auto"
+    piped = build_model(config)
+    data, _, _ = training_data(config, rank=0)
+    pipe = pool_pipeline(config, piped, ScaledLoss(piped.loss_fn), sample_input_of(data, config.pipeline.num_microbatches))
+    assert pipe.precision == precision
+    assert pipe.precisions == precisions_of(precision) and len(pipe.precisions) == 1
