@@ -3,6 +3,8 @@ returned plan holds more than the cap allows (two groups' worth per device)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from bubbleless_partition import LayerCost, Profile, cut
@@ -167,7 +169,7 @@ def test_rt_pool_auto_plan_with_a_cap_nothing_fits_says_what_to_change():
         cut(PROFILE, num_stages=PROFILE.num_layers, method="roundrobin", num_microbatches=4, memory_cap=head * 0.9)
     _, schedule, _ = pool_plan.auto_groups(PROFILE, memory_cap=head * 0.9, **PLAN)  # but a device holds two
     assert max(_device_bytes(schedule, PROFILE)) <= 2 * head * 0.9 + 1e-9
-    with pytest.raises(ValueError, match="memory_cap=.* per group.*Raise the cap"):
+    with pytest.raises(ValueError, match="fits memory_budget=.* per device.*Raise memory_budget"):
         pool_plan.auto_groups(PROFILE, memory_cap=head / 2 * 0.95, **PLAN)
 
 
@@ -247,10 +249,28 @@ def test_rt_pool_plan_cap_no_plan_names_the_smallest_peak_and_its_group_count():
     wide = Profile(layers=tuple(LayerCost(name=f"l{i}", forward=1.0, input_grad=1.0, weight_grad=1.0, param_bytes=10.0,
                                           activation_bytes_per_token=1.0, output_bytes_per_token=20.0)
                                 for i in range(6)))
-    with pytest.raises(ValueError, match=r"leanest cut, into 6 backward groups, holds 61 bytes .*over 2 x "
-                                         r"memory_cap=55.*Raise the cap .* to at least that peak"):
+    with pytest.raises(ValueError, match=r"fits memory_budget=55 bytes per device .*the leanest plan it finds, "
+                                         r"the cut into 6 backward groups, holds 61 bytes .*accepts "
+                                         r"memory_budget=61. Raise memory_budget to at least that"):
         pool_plan.auto_groups(wide, memory_cap=27.5, **PLAN)
     pool_plan.auto_groups(wide, memory_cap=30.5, **PLAN)  # 61: two jobs' 20, a micro-batch's 1, its 20 in and 20 out
+
+
+def test_rt_pool_plan_refusal_names_the_device_budget_the_search_accepts():
+    """The refusal speaks of RoundRobinPipeline's knob (memory_budget, bytes a device), not cut()'s per-group
+    memory_cap, and the budget it names is one the same search accepts; cut()'s "smallest cap that fits" was
+    neither (asked 2 x 56,896 per group on this profile where a plan fits at less)."""
+    profile = _tiny_profile()
+    head = profile.layer_memory(profile.num_layers - 1)
+    with pytest.raises(ValueError, match="memory_budget=") as caught:
+        pool_plan.auto_groups(profile, memory_cap=head / 2, **PLAN)
+    text = str(caught.value)
+    assert "memory_cap" not in text and "per group" not in text, text
+    named = float(re.search(r"accepts memory_budget=(\d+)", text).group(1))
+    _, schedule, _ = pool_plan.auto_groups(profile, memory_cap=named / 2, **PLAN)
+    assert max(plan_peak_bytes(schedule, profile)) <= named
+    with pytest.raises(ValueError, match="no round-robin plan"):  # the leanest any candidate reached
+        pool_plan.auto_groups(profile, memory_cap=(named - 1) / 2, **PLAN)
 
 
 

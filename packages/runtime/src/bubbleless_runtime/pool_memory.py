@@ -18,7 +18,7 @@ from bubbleless_offload import format_bytes as _mb
 from bubbleless_schedules import Schedule
 from bubbleless_schedules.roundrobin_layout import pool_groups
 
-from .pool_plan_cap import device_peak_walk, forward_input_bytes, held_microbatch_bytes
+from .pool_plan_cap import device_peak_walk, forward_input_bytes, held_microbatch_bytes, kept_until_w_bytes
 
 
 def device_peaks(schedule: Schedule, store, profile=None, input_bytes: float = 0.0) -> list[tuple[float, str]]:
@@ -28,18 +28,18 @@ def device_peaks(schedule: Schedule, store, profile=None, input_bytes: float = 0
     weights = [store.weight_bytes(list(groups.layers(j))) for j in range(groups.num_stages)]
     held = [held_microbatch_bytes(groups, j, profile, input_bytes) for j in range(groups.num_stages)]
     passing = [forward_input_bytes(groups, j, profile, input_bytes) for j in range(groups.num_stages)]
-    return [(peak.bytes, _made_up(peak, weights, held)) for peak in device_peak_walk(schedule, weights, held, passing)]
+    kept = [kept_until_w_bytes(groups, j, profile) for j in range(groups.num_stages)]
+    return [(peak.bytes, _made_up(peak, weights)) for peak in device_peak_walk(schedule, weights, held, passing, kept)]
 
 
-def _made_up(peak, weights, held) -> str:
+def _made_up(peak, weights) -> str:
     if not peak.jobs:
         return "no jobs"
     parts = [f"job {j}'s weights {_mb(weights[j])}" for j in peak.jobs]
     if peak.microbatches:
-        kept = sum(held[job] for job, _ in peak.microbatches)
         pairs = ", ".join(f"{job}/{mb}" for job, mb in peak.microbatches)
         parts.append(f"{len(peak.microbatches)} micro-batches held for their backward (job/micro-batch {pairs}) "
-                     f"{_mb(kept)}")
+                     f"{_mb(peak.held)}")
     if peak.passing:
         parts.append(f"a forward job's uploaded input {_mb(peak.passing)}")
     return " + ".join(parts)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import time
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -31,7 +32,9 @@ from bubbleless_schedules.roundrobin_layout import PoolGroups, pool_groups
 
 from .arguments import check_microbatches
 from .auto_partition import measure
-from .pool_plan_cap import fits, generated_within, plan_peak_bytes
+from .pool_kept import with_kept_until_w
+from .pool_plan_cap import fits, generated_within, leanest_generated, plan_peak_bytes
+from .pool_plan_refusal import no_plan_fits
 from .pool_precision import PRECISIONS, bounded_over_precisions
 
 
@@ -133,72 +136,107 @@ def auto_groups(profile: Profile, *, num_devices: int, num_microbatches: int, na
     cuts dispatched by the layer-cost generator too (``dp_cut_options``).
     ``memory_cap``: bytes per group (``cut()``'s rule); no device of the returned plan holds more than
     ``2 x memory_cap`` (``pool_plan_cap.plan_peak_bytes``: two jobs' weights and the activations held,
-    ``input_bytes`` of the caller's micro-batch at layer 0)."""
+    ``input_bytes`` of the caller's micro-batch at layer 0). When none does, the ValueError gives the
+    leanest ``memory_budget`` (= 2 x cap) at which this search finds a plan (``pool_plan_refusal``)."""
+    search = dict(num_devices=num_devices, num_microbatches=num_microbatches, name=name, options=options,
+                  bandwidth=bandwidth, input_bytes=input_bytes)
     device_budget = None if memory_cap is None else 2 * memory_cap
+    found = _fastest_within(profile, device_budget, **search)
+    if found.best is not None:
+        return found.best[1], found.best[2], found.best[3]
+    raise no_plan_fits(
+        profile, num_devices=num_devices, device_budget=device_budget, errors=found.errors,
+        pinned={k: options[k] for k in sorted(_LAYER_COST_OPTIONS & set(options))} if found.pinned else {},
+        candidates=_candidate_peaks(profile, found, **search),
+        accepts=lambda budget: _fastest_within(profile, budget, **search).best is not None)
+
+
+@dataclass
+class _Search:
+    """What one search under a device budget found: the fastest plan that fits (makespan, groups, schedule,
+    costs) or None, each DP cut's plan over the budget (peak, group count), the counts ``cut()`` refused
+    under the cap and its errors, and whether the DP cuts were dispatched with pinned options."""
+
+    best: tuple | None = None
+    over: list = field(default_factory=list)
+    refused_counts: list = field(default_factory=list)
+    errors: list = field(default_factory=list)
+    pinned: bool = False
+
+
+def _fastest_within(profile: Profile, device_budget: float | None, *, num_devices: int, num_microbatches: int,
+                    name: str, options: dict, bandwidth: float | None, input_bytes: float) -> _Search:
     cut_options = dp_cut_options(name, options, profile, bandwidth=bandwidth)
-    best = None
-    errors = []
-    smallest = None  # (peak bytes, group count) of the leanest cut that was over the budget
+    found = _Search(pinned=cut_options is not options)
+    memory_cap = None if device_budget is None else device_budget / 2
+
+    def keep(schedule: Schedule) -> None:
+        groups = pool_groups(schedule)  # the layer-cost generator may deal a job over devices
+        costs = job_costs(profile, groups, bandwidth=bandwidth)
+        makespan = simulate(schedule, costs).makespan
+        if found.best is None or makespan < found.best[0] - 1e-12:
+            found.best = (makespan, groups, schedule, costs)
+
     for count in range(1, min(profile.num_layers, 3 * num_devices) + 1):
         try:
             partition = cut(profile, num_stages=count, method="roundrobin", num_microbatches=num_microbatches,
                             memory_cap=memory_cap)
         except ValueError as error:
-            errors.append(str(error))
+            found.errors.append(str(error))
+            found.refused_counts.append(count)
             continue
-        groups = groups_from_partition(partition)
-        costs = job_costs(profile, groups, bandwidth=bandwidth)
         try:
-            schedule = generate_pool(name, groups, num_layers=profile.num_layers, num_devices=num_devices,
-                                     num_microbatches=num_microbatches, costs=costs, options=cut_options)
+            schedule = _dispatched(profile, partition, name, num_devices, num_microbatches, bandwidth, cut_options)
         except ValueError as error:  # a pinned option no dispatch of this cut meets (weight_limit)
             if cut_options is options:
                 raise
-            errors.append(str(error))
+            found.errors.append(str(error))
             continue
-        groups = pool_groups(schedule)  # the layer-cost generator may deal a job over devices
-        costs = job_costs(profile, groups, bandwidth=bandwidth)
         if not fits(schedule, profile, device_budget, input_bytes):  # a dispatch holding more than one micro-batch
-            peak = max(plan_peak_bytes(schedule, profile, input_bytes))
-            if smallest is None or peak < smallest[0]:
-                smallest = (peak, count)
+            found.over.append((max(plan_peak_bytes(schedule, profile, input_bytes)), count))
             continue
-        makespan = simulate(schedule, costs).makespan
-        if best is None or makespan < best[0] - 1e-12:
-            best = (makespan, groups, schedule, costs)
+        keep(schedule)
     if name == "roundrobin" and not _CUT_OPTIONS & set(options):
         try:
             generated = generated_within(profile, device_budget, layer_costs=layer_costs_of(profile, bandwidth=bandwidth),
                                          num_devices=num_devices, num_microbatches=num_microbatches, options=options,
                                          input_bytes=input_bytes)
         except ValueError:  # its own cuts miss a pinned option (weight_limit): a DP cut's plan may meet it
-            if best is None:
+            if found.best is None:
                 raise
             generated = []
         for schedule in generated:
-            groups = pool_groups(schedule)
-            costs = job_costs(profile, groups, bandwidth=bandwidth)
-            makespan = simulate(schedule, costs).makespan
-            if best is None or makespan < best[0] - 1e-12:
-                best = (makespan, groups, schedule, costs)
-    if best is None:
-        cap = "no memory_cap" if memory_cap is None else (
-            f"memory_cap={memory_cap:.0f} bytes per group ({memory_cap / 2**30:.3f} GiB; a device holds two)")
-        if smallest is not None:
-            why = (f"the leanest cut, into {smallest[1]} backward groups, holds {smallest[0]:.0f} bytes on a device "
-                   f"at its peak (weights and held micro-batches, plan_peak_bytes), over 2 x memory_cap="
-                   f"{device_budget:.0f}; the layer-cost generator found none within it either")
-        else:
-            why = errors[-1] if errors else "the layer-cost generator found none either"
-        pinned = sorted(_LAYER_COST_OPTIONS & set(options)) if cut_options is not options else []
-        held = (f" with schedule_options {', '.join(f'{k}={options[k]!r}' for k in pinned)} (every plan tried "
-                "honours them; drop them to let the planner choose)" if pinned else "")
-        raise ValueError(
-            f"no round-robin plan of the {profile.num_layers} layers over {num_devices} devices fits {cap}{held}: "
-            f"{why}. Raise the cap (the device budget) to at least that peak, use shorter sequences or more "
-            "micro-batches of the same batch, or pin smaller groups with partition="
-        )
-    return best[1], best[2], best[3]
+            keep(schedule)
+    return found
+
+
+def _dispatched(profile, partition, name, num_devices, num_microbatches, bandwidth, cut_options) -> Schedule:
+    groups = groups_from_partition(partition)
+    return generate_pool(name, groups, num_layers=profile.num_layers, num_devices=num_devices,
+                         num_microbatches=num_microbatches, costs=job_costs(profile, groups, bandwidth=bandwidth),
+                         options=cut_options)
+
+
+def _candidate_peaks(profile: Profile, found: _Search, *, num_devices: int, num_microbatches: int, name: str,
+                     options: dict, bandwidth: float | None, input_bytes: float) -> list[tuple[float, str]]:
+    """(peak bytes on the fullest device, what plan) of each plan a larger budget could let through: the
+    DP cuts over the budget, those ``cut()`` refused under the cap cut without it, and for ``roundrobin``
+    the generator's own and leanest plans (``leanest_generated``)."""
+    cut_options = dp_cut_options(name, options, profile, bandwidth=bandwidth)
+    candidates = [(peak, f"the cut into {count} backward groups") for peak, count in found.over]
+    for count in found.refused_counts:
+        try:
+            partition = cut(profile, num_stages=count, method="roundrobin", num_microbatches=num_microbatches)
+            schedule = _dispatched(profile, partition, name, num_devices, num_microbatches, bandwidth, cut_options)
+        except ValueError:
+            continue
+        candidates.append((max(plan_peak_bytes(schedule, profile, input_bytes)),
+                           f"the cut into {count} backward groups"))
+    if name == "roundrobin" and not _CUT_OPTIONS & set(options):
+        candidates += leanest_generated(profile, layer_costs=layer_costs_of(profile, bandwidth=bandwidth),
+                                        num_devices=num_devices, num_microbatches=num_microbatches, options=options,
+                                        input_bytes=input_bytes)
+    return candidates
 
 
 def profile_layers(layers, sample_input, device: torch.device, precisions: tuple = PRECISIONS) -> Profile:
@@ -214,7 +252,8 @@ def profile_layers(layers, sample_input, device: torch.device, precisions: tuple
     slot: dict = {}
     on_device = [OneLayerOnDevice(layer, device, slot) for layer in layers]
     measured = measure(on_device, sample_input, device=device)
-    return bounded_over_precisions(measured, on_device, sample_input, device, precisions)
+    bounded = bounded_over_precisions(measured, on_device, sample_input, device, precisions)
+    return with_kept_until_w(bounded, on_device, sample_input, device, precisions)
 
 
 class OneLayerOnDevice(nn.Module):

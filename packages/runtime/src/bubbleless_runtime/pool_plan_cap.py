@@ -16,8 +16,10 @@ budget the layer-cost generator's plan is held to, counted by ``plan_peak_bytes`
 - micro-batches: a gradient job's R (the fused last group's F) keeps its layers'
   ``activation_bytes_per_token`` times ``tokens_per_microbatch``, its uploaded input (in full), and the
   larger of the input gradient it hands down and the output gradient its B uploads
-  (``held_microbatch_bytes``) until that micro-batch's B, or its W when B is split into I and W (I is
-  counted as freeing nothing). Recomputing ahead (two micro-batches, or the next job's in the current
+  (``held_microbatch_bytes``) until that micro-batch's B, or its I when B is split into I and W; from I
+  to W it holds what the deferred weight gradients keep (``kept_until_w_bytes``: each deferred linear's
+  input and output gradient, measured by ``pool_kept``; a profile without that figure holds the R-to-I
+  bytes until W). Recomputing ahead (two micro-batches, or the next job's in the current
   job's waits) holds them all. Forward jobs keep nothing past an action, but each F holds its uploaded
   input while it runs (``forward_input_bytes``).
 - layer 0's input: the caller's micro-batch, which a GPU worker copies to its device and counts (a CPU
@@ -37,6 +39,8 @@ from bubbleless_schedules import Schedule, generate
 from bubbleless_schedules.action import Kind
 from bubbleless_schedules.roundrobin_layout import held_jobs, peak_weight_layers, pool_groups
 
+from .pool_kept import KEPT_UNTIL_W
+
 
 def plan_peak_bytes(schedule: Schedule, profile: Profile, input_bytes: float = 0.0) -> tuple[float, ...]:
     """Per device, the most bytes of weights and held micro-batches it holds at once (module docstring);
@@ -48,7 +52,25 @@ def plan_peak_bytes(schedule: Schedule, profile: Profile, input_bytes: float = 0
                for j in range(groups.num_stages)]
     held = [held_microbatch_bytes(groups, j, profile, input_bytes) for j in range(groups.num_stages)]
     passing = [forward_input_bytes(groups, j, profile, input_bytes) for j in range(groups.num_stages)]
-    return tuple(peak.bytes for peak in device_peak_walk(schedule, weights, held, passing))
+    kept = [kept_until_w_bytes(groups, j, profile) for j in range(groups.num_stages)]
+    return tuple(peak.bytes for peak in device_peak_walk(schedule, weights, held, passing, kept))
+
+
+def kept_until_w_bytes(groups, job: int, profile: Profile | None) -> float | None:
+    """One micro-batch of gradient job ``job`` from its I to its W (a split backward): what its deferred
+    weight gradients keep, the sum of its layers' ``Profile.extra[KEPT_UNTIL_W]`` (``pool_kept``: each
+    deferred linear's input and output gradient ``g``, the job's uploaded input and received gradient
+    among them where W keeps them) times the tokens. The model's last layer runs outside the deferral
+    (``pool_worker``: its I computes its weight gradient) and keeps nothing. None without that entry:
+    the walk then holds the R-to-I bytes (``held_microbatch_bytes``) until W."""
+    per_token = None if profile is None else profile.extra.get(KEPT_UNTIL_W)
+    if per_token is None or groups.role(job) == "forward":
+        return None
+    if len(per_token) != profile.num_layers:
+        raise ValueError(f"Profile.extra[{KEPT_UNTIL_W!r}] has {len(per_token)} entries for {profile.num_layers} "
+                         "layers: drop the entry (the plan then counts without it) or profile the model again")
+    deferred = [i for i in groups.layers(job) if i < profile.num_layers - 1]
+    return sum(per_token[i] for i in deferred) * profile.tokens_per_microbatch
 
 
 def held_microbatch_bytes(groups, job: int, profile: Profile | None, input_bytes: float = 0.0) -> float:
@@ -90,20 +112,23 @@ def forward_input_bytes(groups, job: int, profile: Profile | None, input_bytes: 
 
 @dataclass(frozen=True)
 class DevicePeak:
-    """A device's peak: its bytes, the jobs whose weights it holds then, the (job, micro-batch) pairs held,
-    and the input a forward job's F holds then (``forward_input_bytes``)."""
+    """A device's peak: its bytes, the jobs whose weights it holds then, the (job, micro-batch) pairs held
+    and their bytes, and the input a forward job's F holds then (``forward_input_bytes``)."""
 
     bytes: float
     jobs: tuple[int, ...] = ()
     microbatches: tuple[tuple[int, int], ...] = ()
     passing: float = 0.0
+    held: float = 0.0
 
 
-def device_peak_walk(schedule: Schedule, weights, held_bytes, passing_bytes=None) -> list[DevicePeak]:
+def device_peak_walk(schedule: Schedule, weights, held_bytes, passing_bytes=None,
+                     kept_bytes=None) -> list[DevicePeak]:
     """Per device, the peak of the walk over its actions (module docstring): ``weights[job]`` bytes for
     each job whose weights it holds (``held_jobs``), ``held_bytes[job]`` for each micro-batch of it held
     from R (the fused group's F) to B or W, ``passing_bytes[job]`` (default none) during each F of a
-    forward job (``forward_input_bytes``). The one estimator of ``plan_peak_bytes`` and the pool's fit
+    forward job (``forward_input_bytes``), and from its I to its W ``kept_bytes[job]`` instead where that is
+    not None (``kept_until_w_bytes``; I's own peak still holds ``held_bytes``). The one estimator of ``plan_peak_bytes`` and the pool's fit
     check (``pool_memory``)."""
     groups = pool_groups(schedule)
     peaks = []
@@ -116,9 +141,11 @@ def device_peak_walk(schedule: Schedule, weights, held_bytes, passing_bytes=None
             passing = 0.0 if passing_bytes is None or action.kind is not Kind.F else passing_bytes[action.stage]
             total = sum(weights[j] for j in resident) + sum(held.values()) + passing
             if total > worst.bytes:
-                worst = DevicePeak(total, resident, tuple(held), passing)
+                worst = DevicePeak(total, resident, tuple(held), passing, sum(held.values()))
             if action.kind in (Kind.B, Kind.W):
                 held.pop(key, None)
+            elif action.kind is Kind.I and key in held and kept_bytes is not None and kept_bytes[action.stage] is not None:
+                held[key] = kept_bytes[action.stage]
         peaks.append(worst)
     return peaks
 
@@ -202,6 +229,41 @@ def generated_within(profile: Profile, device_budget: float | None, *, layer_cos
         if lower is not None:
             found.append(lower)
     return list({schedule.to_text(): schedule for schedule in found}.values())
+
+
+def leanest_generated(profile: Profile, *, layer_costs, num_devices: int, num_microbatches: int, options: dict,
+                      input_bytes: float = 0.0) -> list[tuple[float, str]]:
+    """For a refusal (``pool_plan_refusal``): (peak bytes on the fullest device, what plan) of the generator's
+    own plan and, for its own dispatch and each ``LEANER`` one the options leave free, its plan at every
+    ``weight_limit`` (each distinct plan once): the plans ``generated_within`` may try under some budget.
+    Not only the smallest limit's: the generator is monotone neither in the limit nor in the dispatch (the
+    tiny test profile: 75,680 bytes at weight_limit=3, a plan of a larger limit 69,680)."""
+    def peak(schedule: Schedule) -> float:
+        return max(plan_peak_bytes(schedule, profile, input_bytes))
+
+    def plan(**extra) -> Schedule | None:
+        try:
+            return generate("roundrobin", num_ranks=num_devices, num_microbatches=num_microbatches,
+                            layer_costs=layer_costs, **{**options, **extra})
+        except ValueError:
+            return None
+
+    found = []
+    own = plan()
+    if own is not None:
+        found.append((peak(own), "the layer-cost generator's own plan"))
+    if "weight_limit" in options:
+        return found
+    seen = set() if own is None else {own.to_text()}
+    for variant in [{}] + [lean for lean in LEANER if not set(lean) & set(options)]:
+        for limit in range(1, profile.num_layers + 1):
+            schedule = plan(weight_limit=limit, **variant)
+            if schedule is None or schedule.to_text() in seen:
+                continue
+            seen.add(schedule.to_text())
+            named = ", ".join(f"{k}={v!r}" for k, v in {"weight_limit": limit, **variant}.items())
+            found.append((peak(schedule), f"the layer-cost generator's plan with {named}"))
+    return found
 
 
 def largest_fitting(plan_at, fitting, high: int):

@@ -65,15 +65,20 @@ class Deferred:
 
     def hold(self, budget, what: str) -> int:
         """After I: reserve the bytes of the noted storages still alive (what the queue keeps); returns them."""
+        alive = self.alive_bytes()
+        self.noted.clear()
+        budget.reserve(alive, what)
+        self.held, self.input_done = alive, True
+        return self.held
+
+    def alive_bytes(self) -> int:
+        """Bytes of the noted storages still alive, each storage once."""
         alive = {}
         for ref in self.noted:
             storage = ref()
             if storage is not None:
                 alive[storage.data_ptr()] = storage.nbytes()
-        self.noted.clear()
-        budget.reserve(sum(alive.values()), what)
-        self.held, self.input_done = sum(alive.values()), True
-        return self.held
+        return sum(alive.values())
 
     def run(self, budget) -> None:
         """W: the queued weight gradients, then the bytes they held go back to the budget."""

@@ -227,9 +227,13 @@ class DeviceWorker:
         def on_save(t: torch.Tensor, added: int) -> None:
             if not added:  # a storage counted already
                 return
-            if deferred is not None:  # the input too: a deferred linear's W may keep it
+            handed_in = t.untyped_storage().data_ptr() in given
+            if deferred is not None and (input_bytes or not handed_in):
+                # the input too, a W may keep it, unless it is the caller's batch read where it lies (a CPU
+                # worker at layer 0, input_bytes 0): no upload of the pool's, and its storage is the whole
+                # batch's (a chunk's view), which held every micro-batch's rows against one of them
                 deferred.note(t)
-            if t.untyped_storage().data_ptr() not in given:
+            if not handed_in:
                 self.budget.reserve(added, what)
                 self.reserved[key] += added
 
