@@ -166,9 +166,44 @@ def test_rt_layers_that_pass_tuples_are_profiled_and_train_the_same():
                     sample_input=inputs.chunk(2)[0])
     assert sum(pipe.partition) == 5 and pipe.profile.num_layers == 5
     assert all(layer.forward > 0 and layer.weight_grad > 0 for layer in pipe.profile.layers)
-    assert pipe.profile.layers[1].output_bytes_per_token == 8 * 4  # the hidden tensor: 8 float32 per sample
+    # the whole output a boundary sends: the hidden tensor (8 float32 a sample), the side sum (1 float32)
+    # and the integer index (1 int64) riding beside it; the main tensor's 8 x 4 alone before
+    assert pipe.profile.layers[1].output_bytes_per_token == 8 * 4 + 4 + 8
     ref_loss, ref_grads = reference_grads(tiny_model(5), inputs, targets, 2)
     loss = pipe.step(inputs, targets)
     assert relative_error(loss, ref_loss) <= TOLERANCE
     for name, p in model.named_parameters():
         assert relative_error(p.grad, ref_grads[name]) <= TOLERANCE, name
+
+
+class _StartsSide(torch.nn.Module):
+    """Hands on its output and a side tensor twice as wide (as MoE router statistics or rotary tables ride)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(width, width)
+
+    def forward(self, x):
+        return self.linear(x), torch.zeros(x.shape[0], 2 * x.shape[1])
+
+
+class _KeepsSide(torch.nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(width, width)
+
+    def forward(self, activation):
+        hidden, side = activation
+        return torch.tanh(self.linear(hidden)), side
+
+
+def test_rt_measure_counts_a_layers_whole_output_with_the_tensors_riding_beside_its_main_one():
+    """What crosses a stage boundary is the whole output: the main tensor (8 floats a row) and the side
+    tensor (16) handed on beside it; measure() counted the 8 alone."""
+    from bubbleless_runtime.auto_partition import measure
+
+    width, rows = 8, 4
+    layers = [_StartsSide(width), _KeepsSide(width), _KeepsSide(width)]
+    prof = measure(layers, torch.randn(rows, width), repeats=1)
+    whole = [cost.output_bytes_per_token * prof.tokens_per_microbatch for cost in prof.layers]
+    assert whole == [rows * (width + 2 * width) * 4] * 3

@@ -30,7 +30,7 @@ plan keeps whichever of the two schedules the simulator predicts faster, so prof
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import accumulate, pairwise
 
 import torch
@@ -182,7 +182,21 @@ def measure(layers, sample_input, *, repeats: int = 5, device=None) -> Profile:
     names = [f"{i}:{type(layer).__name__}" for i, layer in enumerate(layers)]
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):  # the profiler's grads go through autograd.grad, not .grad
-        return profile(adapters, first, repeats=repeats, warmup=1, device=device, names=names, name="pipeline layers")
+        measured = profile(adapters, first, repeats=repeats, warmup=1, device=device, names=names,
+                           name="pipeline layers")
+    tokens = measured.tokens_per_microbatch
+    return measured.with_(layers=tuple(
+        replace(cost, output_bytes_per_token=cost.output_bytes_per_token + riding_bytes(adapter) / tokens)
+        for cost, adapter in zip(measured.layers, adapters, strict=True)))
+
+
+def riding_bytes(adapter: _MainTensor) -> int:
+    """Bytes of the tensors riding beside a profiled layer's main output (the MoE router statistics, rotary
+    embeddings, the test model's side tensors), from its last forward: the profiler counts the main tensor
+    alone as the output, but a stage boundary sends (and the pool uploads) the whole output."""
+    whole = adapter.output.rebuild(torch.empty(0))
+    tensors = () if isinstance(whole, torch.Tensor) else tuple(t for t in whole if isinstance(t, torch.Tensor))
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def main_tensor_chain(layers, sample_input, device) -> tuple[torch.Tensor, list[nn.Module]]:

@@ -6,7 +6,8 @@ jobs it holds at once (the current ones and the prefetched), here as the host st
 every micro-batch held from its R to its backward (``held_microbatch_bytes``: the activations autograd
 saves through the group, from a profile when there is one, its uploaded input in full and the larger of
 the gradient it hands down and the one its B uploads), two or more when the plan recomputes ahead or
-defers W past I, a forward job's uploaded input while its F runs (``forward_input_bytes``), and at layer
+defers W past I (from a split backward's I to its W, what its deferred weight gradients keep instead:
+``kept_until_w_bytes``), a forward job's uploaded input while its F runs (``forward_input_bytes``), and at layer
 0 the copy of the caller's micro-batch a GPU worker makes (``input_bytes``). Without a profile only the
 weights are checked here; the executor's run-time accounting (``bubbleless_offload.MemoryBudget``)
 catches the rest in the first step.

@@ -37,7 +37,7 @@ import torch
 from bubbleless_partition import Profile
 from bubbleless_partition.saved_tensors import SavedStorages
 
-from .auto_partition import main_tensor_chain
+from .auto_partition import main_tensor_chain, riding_bytes
 from .trainer import AUTOCAST_DTYPES
 
 PRECISIONS = (None, torch.bfloat16, torch.float16)
@@ -111,13 +111,10 @@ def saved_and_output_bytes(layers, sample_input, device: torch.device,
 
 
 def _whole_output_bytes(adapter, main: torch.Tensor) -> int:
-    """Bytes of the layer's whole output, the tensors riding beside its main one included (the MoE router
-    statistics, rotary embeddings, the test model's side tensors): the pool hands all of them on, uploads
-    each and reserves them in full (``pool_worker._upload``), where ``measure`` times and counts the main
-    tensor alone (``auto_partition._MainTensor``, whose ``output.rebuild`` gives the whole output back)."""
-    whole = adapter.output.rebuild(main)
-    tensors = (whole,) if isinstance(whole, torch.Tensor) else tuple(t for t in whole if isinstance(t, torch.Tensor))
-    return sum(t.numel() * t.element_size() for t in tensors)
+    """Bytes of the layer's whole output in this precision, the tensors riding beside its main one included
+    (``auto_partition.riding_bytes``): the pool hands all of them on, uploads each and reserves them in full
+    (``pool_worker._upload``)."""
+    return main.numel() * main.element_size() + riding_bytes(adapter)
 
 
 def _forward_counted(layer, x: torch.Tensor, device: torch.device, dtype) -> tuple[int, torch.Tensor]:
