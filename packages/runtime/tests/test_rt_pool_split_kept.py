@@ -76,3 +76,13 @@ def test_rt_pool_split_walk_holds_the_kept_bytes_from_i_to_w():
     (kept,) = device_peak_walk(schedule, [0.0], [10.0], None, [3.0])
     (whole,) = device_peak_walk(schedule, [0.0], [10.0], None, [None])
     assert (kept.bytes, whole.bytes) == (13.0, 20.0)
+
+
+def test_rt_pool_split_kept_figure_survives_a_yaml_round_trip(tmp_path):
+    """The figure rides in Profile.extra, which a profile saved to YAML keeps (a list: safe_dump has no tuple)."""
+    from bubbleless_partition import load_profile, save_profile
+
+    inputs, _ = _batch()
+    profile = profile_layers(list(_linear_pairs())[:2], inputs[: ROWS // M], torch.device("cpu"), (None,))
+    save_profile(profile, tmp_path / "p.yaml")
+    assert load_profile(tmp_path / "p.yaml").extra[KEPT_UNTIL_W] == list(profile.extra[KEPT_UNTIL_W])

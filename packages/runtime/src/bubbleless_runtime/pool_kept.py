@@ -37,7 +37,7 @@ def with_kept_until_w(profile: Profile, layers, sample_input, device: torch.devi
     """``profile`` with ``extra[KEPT_UNTIL_W]`` measured (module docstring), the most over ``precisions``."""
     kept = kept_until_w_bytes(layers, sample_input, device, precisions)
     tokens = profile.tokens_per_microbatch
-    return profile.with_(extra={**profile.extra, KEPT_UNTIL_W: tuple(k / tokens for k in kept)})
+    return profile.with_(extra={**profile.extra, KEPT_UNTIL_W: [k / tokens for k in kept]})
 
 
 def kept_until_w_bytes(layers, sample_input, device: torch.device, precisions: tuple) -> list[int]:
