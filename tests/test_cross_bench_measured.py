@@ -32,6 +32,7 @@ def test_cross_bench_measured_the_stored_scenario_loads():
     ({"global_batch": 6, "microbatches": 3}, "multiple of workers"),
     ({"model": {"layers": 3}}, "layers \\+ 2 = 5 must be a multiple of workers"),
     ({"steps": 0}, "steps must be a positive integer"),
+    ({"longest_low": 4096, "longest_high": 1024}, "longest_low=4096 is above longest_high=1024"),
     ({"sequence": 12}, "unknown scenario keys \\['sequence'\\]"),
 ])
 def test_cross_bench_measured_a_bad_scenario_says_what_to_change(change, message):

@@ -94,6 +94,9 @@ def test_cross_bench_measured_longest_at_the_ends_of_the_range():
     assert search(lambda s: {"fits": False}, budget=BUDGET, low=128, cap=8192, granularity=64)["max_seq_len"] == 0
     capped = search(lambda s: {"fits": True}, budget=BUDGET, low=128, cap=8192, granularity=64)
     assert capped["max_seq_len"] == 8192 and capped["capped"]
+    asked = []
+    one = search(lambda s: asked.append(s) or {"fits": True}, budget=BUDGET, low=512, cap=512, granularity=64)
+    assert one["max_seq_len"] == 512 and one["capped"] and asked == [512]  # one probe, not the same one twice
 
 
 def test_cross_bench_measured_longest_with_noisy_peaks_still_ends_on_a_fit_next_to_a_failure():

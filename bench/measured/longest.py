@@ -96,6 +96,8 @@ def search(probe_fn, *, budget: float, low: int, cap: int, granularity: int) -> 
 
     if not run(low):
         return {"max_seq_len": 0, "probes": probes}
+    if low >= cap:  # nothing longer may be probed
+        return {"max_seq_len": low, "probes": probes, "capped": True}
     while not fails or fails[0][0] - fits[-1][0] > granularity:
         seq = next_length(fits, fails, budget=budget, low=low, cap=cap, granularity=granularity,
                           same_end_moves=same_end, last_end=last_end)

@@ -92,6 +92,9 @@ class Scenario:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"scenario {name} must be a positive integer, got {value!r}")
+        if self.longest_low > self.longest_high:
+            raise ValueError(f"longest_low={self.longest_low} is above longest_high={self.longest_high}: the "
+                             "longest-sequence search probes from the first up to the second; swap or lower them")
         if self.global_batch % self.microbatches:
             raise ValueError(f"global_batch={self.global_batch} must be a multiple of microbatches={self.microbatches}")
         if self.microbatches % self.workers:

@@ -73,7 +73,8 @@ def test_a_given_assignment_is_what_the_rows_run():
     assert makespan == pytest.approx(4 * sum(per_microbatch))
 
 
-@pytest.mark.parametrize("assignment", [(0, 1), (0, 1, 2, 3, 4, 5, 9)])
+@pytest.mark.parametrize("assignment", [(0, 1), (0, 1, 2, 3, 4, 5, 9), "0000000", (0, 1, 0.5, 1, 0, 1, 0),
+                                        (0, True, 0, 1, 0, 1, 0)])
 def test_a_bad_assignment_says_what_to_give(assignment):
     groups = PoolGroups((4, 4), 2, (2, 2, 2, 2))
     with pytest.raises(ValueError, match="one device in 0..2 per unit"):

@@ -145,9 +145,11 @@ def list_dispatch(groups: PoolGroups, times: JobTimes, num_devices: int, num_mic
     # with next_ahead, jobs go k mod N, so a device knows its next job and recomputes it in its waits
     queues = [list(range(d, len(units), num_devices)) for d in range(num_devices)] if next_ahead else None
     if assignment is not None:
-        if len(assignment) != len(units) or any(not 0 <= d < num_devices for d in assignment):
+        assignment = list(assignment) if isinstance(assignment, (list, tuple)) else None
+        if (assignment is None or len(assignment) != len(units)
+                or any(isinstance(d, bool) or not isinstance(d, int) or not 0 <= d < num_devices for d in assignment)):
             raise ValueError(f"list_dispatch: assignment= needs one device in 0..{num_devices - 1} per unit "
-                             f"({len(units)} units), got {list(assignment)}")
+                             f"({len(units)} units), as a list or tuple of ints")
         queues = [[u for u, d in enumerate(assignment) if d == device] for device in range(num_devices)]
 
     def upcoming(device):
