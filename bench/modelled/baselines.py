@@ -144,13 +144,15 @@ FRAMEWORK_OF = {"zero-infinity": "zero3-offload", "zero2": "zero2-offload", "fsd
 
 def framework_units(point: Point) -> dict[str, int]:
     """Units of each framework's fixed work (``framework_ops.UNIT``) in bench/measured/tiny.py's model, the
-    one the calibration measures: the embedding (its wrapper and ``nn.Embedding``: 2 modules, 1 tensor),
-    each decoder layer (itself, 2 LayerNorm, 4 Linear: 7 modules; 8 tensors; one ``fully_shard`` unit),
-    the head (itself, LayerNorm, Linear: 3 modules, 3 tensors), and the ``nn.Sequential`` root (1 module,
-    FSDP2's root unit, which holds the embedding and the head). A Hugging Face layer has more modules
-    (separate q, k, v, norms per head); only CPU profiles price these units."""
+    one the calibration measures, counted as ``framework_ops.units_of`` counts the benchmark stack (a test
+    checks this formula against the built model): the embedding (its wrapper and ``nn.Embedding``:
+    2 modules, 1 tensor), each decoder layer (itself, 2 LayerNorm, 4 Linear: 7 modules; 8 tensors), the
+    head (itself, LayerNorm, Linear: 3 modules, 3 tensors), and the ``nn.Sequential`` root (1 module, no
+    tensor). bench/measured/baselines.py ``fully_shard``s every layer, the embedding and head included,
+    then the root: layers + 3 units. A Hugging Face layer has more modules (separate q, k, v, norms per
+    head); only CPU profiles price these units."""
     layers = point.shape.num_layers
-    return {"module": 2 + 7 * layers + 3 + 1, "parameter tensor": 1 + 8 * layers + 3, "fully_shard unit": layers + 1}
+    return {"module": 2 + 7 * layers + 3 + 1, "parameter tensor": 1 + 8 * layers + 3, "fully_shard unit": 1 + layers + 1 + 1}
 
 
 def host_work_s(system: str, point: Point, prof) -> tuple[float, float] | None:

@@ -17,16 +17,17 @@ the compute, so none of it overlaps.
 
 How: each framework, set up as bench/measured/baselines.py sets it up (DeepSpeed ZeRO-3 with
 ``offload_param`` and ``offload_optimizer`` to the CPU, ZeRO-2 with ``offload_optimizer``, FSDP2
-``fully_shard`` per block with ``CPUOffloadPolicy``; DeepSpeed's CPU-Adam, torch AdamW for FSDP), trains
-a stack of ``BLOCKS`` pre-norm blocks (``LayerNorm``, two ``Linear`` with bias: 4 modules, 6 tensors) on
+``fully_shard`` per block and on the root with ``CPUOffloadPolicy``; DeepSpeed's CPU-Adam, torch AdamW for
+FSDP), trains a stack of ``BLOCKS`` pre-norm blocks (``LayerNorm``, two ``Linear`` with bias: 4 modules,
+6 tensors, one ``fully_shard`` unit; with the root, 33 modules, 48 tensors, 9 units: ``units_of``) on
 2 gloo ranks with one torch thread each, at two widths; the same stack in plain torch is the reference.
 Per rank: its process CPU time (every thread: gloo's too, ``getrusage``), median over steps, of a
 non-boundary micro-batch's forward and backward, and of the boundary's extra (reduction epilogue,
 optimizer, parameter refresh). A few tokens per micro-batch keep the FLOPs negligible. Two widths give
 a fixed cost per unit of the framework's work (``*_unit_s``, ``UNIT``: Python per module or tensor,
-collective launches) and a cost per parameter byte (``*_byte_s``: copies, collective bytes, the
-optimizer at the boundary) beyond plain torch's (forward and backward, no optimizer). CPU time, not
-wall, so the load on a shared machine costs no time (as the other small-op rates, ``cpu_ops``).
+collective launches; counted on the built stack, root included, as the prediction counts the tiny model)
+and a cost per parameter byte (``*_byte_s``: copies, collective bytes, the optimizer at the boundary)
+beyond plain torch's (forward and backward, no optimizer). CPU time, not wall, so the load on a shared machine costs no time (as the other small-op rates, ``cpu_ops``).
 """
 
 from __future__ import annotations
@@ -50,9 +51,26 @@ UNIT = {"zero3-offload": "module", "zero2-offload": "parameter tensor", "fsdp2-o
 """What each framework does its fixed work per: DeepSpeed ZeRO-3 hooks every module (pre/post forward and
 backward, fetch and release), ZeRO-2 every parameter tensor (its gradient hook, the bucket copy), FSDP2
 every ``fully_shard`` unit (one all-gather, one reduce-scatter, its hooks)."""
-UNITS_PER_BLOCK = {"zero3-offload": 4, "zero2-offload": 6, "fsdp2-offload": 1}
-"""A benchmark block (``_block``): 4 modules (the block, its LayerNorm, two Linear), 6 parameter tensors,
-one ``fully_shard`` unit."""
+
+
+def sharded_units(model) -> list:
+    """The modules FSDP2 ``fully_shard``s in an ``nn.Sequential``, in order: each child, then the root (it
+    holds whatever no child does). ``_fsdp`` shards the benchmark stack so, as bench/measured/baselines.py's
+    ``fsdp_offload`` shards the tiny model."""
+    return [*model, model]
+
+
+def units_of(model) -> dict[str, int]:
+    """Units of each framework's fixed work (``UNIT``) in a built ``nn.Sequential``: every module, the root
+    included (DeepSpeed ZeRO-3 registers its hooks from the root down), every parameter tensor, every
+    ``sharded_units`` unit. The fit divides by this count of the stack it measured, and
+    ``baselines.framework_units`` counts the tiny model the same way (tests check both)."""
+    return {"module": sum(1 for _ in model.modules()), "parameter tensor": sum(1 for _ in model.parameters()),
+            "fully_shard unit": len(sharded_units(model))}
+
+
+def param_bytes_of(model) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,9 +163,8 @@ def _fsdp(model):
 
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     policy = CPUOffloadPolicy(pin_memory=False)
-    for block in model:
-        fully_shard(block, mesh=mesh, offload_policy=policy)
-    fully_shard(model, mesh=mesh, offload_policy=policy)
+    for unit in sharded_units(model):
+        fully_shard(unit, mesh=mesh, offload_policy=policy)
     return _with_adamw(model)
 
 
@@ -217,18 +234,20 @@ def measure_one(framework: str, width: int) -> tuple[float, float]:
 
 def costs_from_timings(timings: dict[tuple[str, int], tuple[float, float]], *, framework: str) -> FrameworkCost:
     """A framework's fixed and per-byte costs from its and plain torch's timings at ``WIDTHS``: per width,
-    extra = framework - plain; the per-byte slope between the widths (clamped at 0) and the fixed cost
-    at the narrow width less the slope's share (clamped at 0), per ``UNIT`` (``UNITS_PER_BLOCK``)."""
+    extra = framework - plain; the per-byte slope between the widths (clamped at 0) over the stack's
+    parameter bytes, and the fixed cost at the narrow width less the slope's share (clamped at 0), per
+    ``UNIT`` of the stack (``units_of``: 33 modules, 48 tensors, 9 ``fully_shard`` units)."""
     (narrow, wide) = WIDTHS
-    size = {w: 4 * (2 * w * w + 2 * w + 2 * w) for w in WIDTHS}  # a block's fp32 parameter bytes
+    size = {w: param_bytes_of(_stack(w)) for w in WIDTHS}
+    units = units_of(_stack(narrow))[UNIT[framework]]
 
     def line(index: int) -> tuple[float, float]:
         extra = {w: timings[(framework, w)][index] - timings[("plain", w)][index] for w in WIDTHS}
         if index == 1:  # the boundary's own extra: less its micro-batch's
             extra = {w: extra[w] - (timings[(framework, w)][0] - timings[("plain", w)][0]) for w in WIDTHS}
-        per_byte = max(0.0, (extra[wide] - extra[narrow]) / (size[wide] - size[narrow])) / BLOCKS
-        fixed = max(0.0, extra[narrow] / BLOCKS - per_byte * size[narrow])
-        return fixed / UNITS_PER_BLOCK[framework], per_byte
+        per_byte = max(0.0, (extra[wide] - extra[narrow]) / (size[wide] - size[narrow]))
+        fixed = max(0.0, extra[narrow] - per_byte * size[narrow])
+        return fixed / units, per_byte
 
     (mb_fixed, mb_byte), (step_fixed, step_byte) = line(0), line(1)
     return FrameworkCost(microbatch_unit_s=_figures(mb_fixed), microbatch_byte_s=_figures(mb_byte),
