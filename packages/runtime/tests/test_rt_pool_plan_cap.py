@@ -251,7 +251,7 @@ def test_rt_pool_plan_cap_no_plan_names_the_smallest_peak_and_its_group_count():
                                 for i in range(6)))
     with pytest.raises(ValueError, match=r"fits memory_budget=55 bytes per device .*the leanest plan it finds, "
                                          r"the cut into 6 backward groups, holds 61 bytes .*accepts "
-                                         r"memory_budget=61. Raise memory_budget to at least that"):
+                                         r"memory_budget=61 on this profile's timings. .*partition=.*Raise memory_budget to at least that"):
         pool_plan.auto_groups(wide, memory_cap=27.5, **PLAN)
     pool_plan.auto_groups(wide, memory_cap=30.5, **PLAN)  # 61: two jobs' 20, a micro-batch's 1, its 20 in and 20 out
 
@@ -271,6 +271,56 @@ def test_rt_pool_plan_refusal_names_the_device_budget_the_search_accepts():
     assert max(plan_peak_bytes(schedule, profile)) <= named
     with pytest.raises(ValueError, match="no round-robin plan"):  # the leanest any candidate reached
         pool_plan.auto_groups(profile, memory_cap=(named - 1) / 2, **PLAN)
+
+
+def test_rt_pool_plan_refusal_says_its_budget_holds_for_the_timings_and_how_to_keep_them():
+    """Each build with partition='auto' measures the timings again and the plan follows them (3 of 30 builds
+    with jittered timings refused the budget named for the unjittered profile): the message says the figure
+    is for this profile's timings and names what keeps them, a Profile passed as partition= (pipe.profile,
+    the attribute a pool keeps its measured profile in)."""
+    from bubbleless_runtime._testing import tiny_batch, tiny_loss, tiny_model
+    from bubbleless_runtime.pool import RoundRobinPipeline
+    from bubbleless_runtime.pool_plan_refusal import SAME_TIMINGS
+
+    profile = _tiny_profile()
+    with pytest.raises(ValueError) as caught:
+        pool_plan.auto_groups(profile, memory_cap=profile.layer_memory(profile.num_layers - 1) / 2, **PLAN)
+    assert "on this profile's timings. " + SAME_TIMINGS in str(caught.value)
+    assert "pipe.profile" in SAME_TIMINGS and "pool_plan.profile_layers(layers, sample_input, device)" in SAME_TIMINGS
+    inputs, _ = tiny_batch(8, width=64)
+    measured = RoundRobinPipeline(tiny_model(8, width=64), devices=["cpu"] * 2, num_microbatches=4, loss_fn=tiny_loss,
+                                  partition="auto", sample_input=inputs[:2], timeout=60).profile
+    assert isinstance(measured, Profile) and measured.num_layers == 8
+    again = RoundRobinPipeline(tiny_model(8, width=64), devices=["cpu"] * 2, num_microbatches=4, loss_fn=tiny_loss,
+                               partition=measured, timeout=60)
+    assert again.profile is measured
+
+
+def test_rt_pool_plan_refusal_asks_the_generator_a_bounded_number_of_times(monkeypatch):
+    """The refusal's leanest generator plans cost a few searches a dispatch, not one for every weight limit of
+    every dispatch (128 on this 32-layer profile over 4 devices, 140 s where planning took 1.4-2.5 s): the
+    smallest limit the generator plans at (doubling, then bisection) and the limits above it while the peak
+    does not rise. The candidates still hold the leanest plan of all limits (weight_limit=2, 2,140,000)."""
+    from bubbleless_runtime import pool_plan_cap
+
+    layers = 32
+    deep = Profile(layers=tuple(
+        LayerCost(name=f"l{i}", forward=1.0 if i < layers - 1 else 4.0, input_grad=1.1, weight_grad=1.1,
+                  param_bytes=1e6, activation_bytes_per_token=100.0, output_bytes_per_token=20.0)
+        for i in range(layers)), tokens_per_microbatch=1000)
+    asked = []
+    real = pool_plan_cap.generate
+
+    def counted(*args, **kwargs):
+        asked.append(kwargs.get("weight_limit"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pool_plan_cap, "generate", counted)
+    candidates = pool_plan_cap.leanest_generated(deep, layer_costs=pool_plan.layer_costs_of(deep, bandwidth=None),
+                                                 num_devices=4, num_microbatches=16, options={})
+    assert len(asked) <= 1 + 4 * (2 * 5 + pool_plan_cap.FALLING_STEPS), asked
+    assert len(asked) <= 16, asked  # measured: 13 (own, and limits 1, 2, 3 for each of four dispatches)
+    assert min(peak for peak, _ in candidates) == 2_140_000
 
 
 

@@ -12,6 +12,9 @@ peak bytes on its fullest device, ``plan_peak_bytes``) is tried in ascending ord
 (``accepts``: the same search under it), and the first the search accepts is the figure given. A plan
 that fits at its own peak may still not be chosen there (``cut()`` cuts differently under a larger cap),
 so at most ``VERIFIED`` are tried; past them the message gives the leanest peak as a lower bound.
+
+The figure is the search's answer for the profile it was given: the plan follows the timings, which each
+build with ``partition="auto"`` measures again, so the message says how to keep them (``SAME_TIMINGS``).
 """
 
 from __future__ import annotations
@@ -19,6 +22,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from bubbleless_partition import Profile
+
+SAME_TIMINGS = (
+    "partition='auto' measures the layers' timings (and the copy bandwidth) again at each build, and the plan "
+    "follows them, so a rebuild at that budget can be refused: measure once (bubbleless_runtime.pool_plan."
+    "profile_layers(layers, sample_input, device), or pipe.profile of a pool built with partition='auto') and "
+    "pass that Profile as partition= to plan on the same timings."
+)
+"""A named budget is the search's answer for the timings it was given (30 builds of the tiny test model with
+each layer's times jittered by up to 30%: 3 refused the budget named for the unjittered profile)."""
 
 VERIFIED = 3
 """Candidate budgets tried with the whole search before the message falls back to a lower bound."""
@@ -38,7 +50,8 @@ def no_plan_fits(profile: Profile, *, num_devices: int, device_budget: float | N
     if leanest is not None:
         why = (f"the leanest plan it finds, {leanest[1]}, holds {leanest[0]:.0f} bytes on its fullest device "
                "(weights and held micro-batches, plan_peak_bytes); the same search accepts "
-               f"memory_budget={leanest[0]:.0f}. Raise memory_budget to at least that")
+               f"memory_budget={leanest[0]:.0f} on this profile's timings. {SAME_TIMINGS} Raise memory_budget to at "
+               "least that")
     elif ordered:
         why = (f"no plan tried holds less than {ordered[0][0]:.0f} bytes on its fullest device ({ordered[0][1]}; "
                "weights and held micro-batches, plan_peak_bytes), so memory_budget must be at least that. "
@@ -52,4 +65,4 @@ def no_plan_fits(profile: Profile, *, num_devices: int, device_budget: float | N
     )
 
 
-__all__ = ["VERIFIED", "no_plan_fits"]
+__all__ = ["SAME_TIMINGS", "VERIFIED", "no_plan_fits"]
