@@ -19,14 +19,12 @@ no figure, and the plan then holds a micro-batch's R-to-I bytes until W, as befo
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 
 from bubbleless_partition import Profile
 from bubbleless_partition.saved_tensors import SavedStorages
 
-from .auto_partition import main_tensor_chain
+from .pool_precision import autocast_as_worker, walk_precision_chains
 from .pool_split import Deferred
 
 KEPT_UNTIL_W = "kept_until_w_bytes_per_token"
@@ -43,23 +41,11 @@ def with_kept_until_w(profile: Profile, layers, sample_input, device: torch.devi
 def kept_until_w_bytes(layers, sample_input, device: torch.device, precisions: tuple) -> list[int]:
     """Per layer, the most bytes over ``precisions`` (autocast dtypes, None for none) that its deferred
     weight gradients keep after I (module docstring). ``layers`` are moved to ``device`` (``module.to``)."""
-    chains = []
-    for dtype in precisions:
-        first, adapters = main_tensor_chain(layers, sample_input, device)
-        chains.append([dtype, adapters, first.clone(memory_format=torch.contiguous_format)])
-    out = []
-    devices = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices), warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # a dtype the device's autocast lacks: float32, harmless
-        for index in range(len(layers)):
-            most = 0
-            for chain in chains:
-                dtype, adapters, x = chain
-                layer = adapters[index].to(device)
-                kept, chain[2] = _kept_after_input_grad(layer, x, device, dtype)
-                most = max(most, kept)
-            out.append(most)
-    return out
+
+    def kept(layer, x, dtype):
+        return _kept_after_input_grad(layer, x, device, dtype)
+
+    return [max(runs) for runs in walk_precision_chains(layers, sample_input, device, precisions, kept)]
 
 
 def _kept_after_input_grad(layer, x: torch.Tensor, device: torch.device, dtype) -> tuple[int, torch.Tensor]:
@@ -68,9 +54,7 @@ def _kept_after_input_grad(layer, x: torch.Tensor, device: torch.device, dtype) 
     deferred = Deferred()
     weights = [*layer.parameters(), *layer.buffers()]
     x = x.detach().clone().requires_grad_(x.is_floating_point())
-    context = (torch.autocast(device_type=device.type, dtype=dtype, cache_enabled=False) if dtype is not None
-               else torch.autocast(device_type=device.type, enabled=False))
-    with context, SavedStorages(excluded=weights, on_save=lambda t, added: deferred.note(t) if added else None), \
+    with autocast_as_worker(device, dtype), SavedStorages(excluded=weights, on_save=lambda t, added: deferred.note(t) if added else None), \
             deferred.deferral():
         y = layer(x)
     following = y.detach().clone()

@@ -89,6 +89,20 @@ def saved_and_output_bytes(layers, sample_input, device: torch.device,
     """Per layer, the most bytes over ``precisions`` of what one forward saves for its backward (each storage
     once, the layer's parameters and buffers left out, its input not: ``SavedStorages``) and of its output.
     Each layer is moved to ``device`` once and run in every precision before the next one is moved."""
+
+    def counted(layer, x, dtype):
+        saved, y = _forward_counted(layer, x, device, dtype)
+        return (saved, _whole_output_bytes(layer, y)), y.detach()
+
+    per_layer = walk_precision_chains(layers, sample_input, device, precisions, counted)
+    return [(max(s for s, _ in runs), max(o for _, o in runs)) for runs in per_layer]
+
+
+def walk_precision_chains(layers, sample_input, device: torch.device, precisions: tuple, run) -> list[list]:
+    """Per layer, ``run(layer, x, dtype) -> (figure, next x)`` in each of ``precisions``: one chain per
+    precision, each layer fed the output of the one before it in that chain. Each layer is moved to
+    ``device`` once (``module.to``) and run in every precision before the next one is moved; the RNG is
+    forked, so profiling draws nothing from the caller's stream."""
     chains = []
     for dtype in precisions:
         first, adapters = main_tensor_chain(layers, sample_input, device)
@@ -99,15 +113,20 @@ def saved_and_output_bytes(layers, sample_input, device: torch.device,
         # a dtype the device's autocast lacks runs without autocast (torch warns): float32 again, harmless
         warnings.simplefilter("ignore", UserWarning)
         for index in range(len(layers)):
-            most_saved = most_output = 0
+            figures = []
             for chain in chains:
                 dtype, adapters, x = chain
-                layer = adapters[index].to(device)
-                saved, y = _forward_counted(layer, x, device, dtype)
-                most_saved, most_output = max(most_saved, saved), max(most_output, _whole_output_bytes(layer, y))
-                chain[2] = y.detach()
-            out.append((most_saved, most_output))
+                figure, chain[2] = run(adapters[index].to(device), x, dtype)
+                figures.append(figure)
+            out.append(figures)
     return out
+
+
+def autocast_as_worker(device: torch.device, dtype):
+    """Autocast at ``dtype`` with the cast cache off, as a pool worker runs a step (None: no autocast)."""
+    if dtype is None:
+        return torch.autocast(device_type=device.type, enabled=False)
+    return torch.autocast(device_type=device.type, dtype=dtype, cache_enabled=False)
 
 
 def _whole_output_bytes(adapter, main: torch.Tensor) -> int:
@@ -121,12 +140,11 @@ def _forward_counted(layer, x: torch.Tensor, device: torch.device, dtype) -> tup
     """(bytes ``layer``'s forward on ``x`` saves for its backward, its output), under autocast at ``dtype``
     with the cast cache off (None: none), as a pool worker runs it."""
     x = x.detach().requires_grad_(x.is_floating_point())
-    context = (torch.autocast(device_type=device.type, dtype=dtype, cache_enabled=False) if dtype is not None
-               else torch.autocast(device_type=device.type, enabled=False))
-    with context, SavedStorages(excluded=[*layer.parameters(), *layer.buffers()]) as saved:
+    with autocast_as_worker(device, dtype), SavedStorages(excluded=[*layer.parameters(), *layer.buffers()]) as saved:
         y = layer(x)  # held while counting: its graph, and what that saved, lives as long as it does
         kept = saved.live
     return kept, y
 
 
-__all__ = ["PRECISIONS", "bounded_over_precisions", "check_step_precision", "precisions_of", "saved_and_output_bytes"]
+__all__ = ["PRECISIONS", "autocast_as_worker", "bounded_over_precisions", "check_step_precision", "precisions_of",
+           "saved_and_output_bytes", "walk_precision_chains"]
