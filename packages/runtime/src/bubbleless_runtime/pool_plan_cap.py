@@ -186,11 +186,7 @@ def generated_within(profile: Profile, device_budget: float | None, *, layer_cos
     def attempt(**extra) -> Schedule | None:
         key = tuple(sorted(extra.items()))
         if key not in plans:
-            try:
-                plans[key] = generate("roundrobin", num_ranks=num_devices, num_microbatches=num_microbatches,
-                                      layer_costs=layer_costs, **{**options, **extra})
-            except ValueError:  # no cut within the weight limit: a smaller limit finds none either
-                plans[key] = None
+            plans[key] = _generator_plan(layer_costs, num_devices, num_microbatches, {**options, **extra})
         return plans[key]
 
     def fitting(schedule: Schedule) -> bool:
@@ -208,10 +204,8 @@ def generated_within(profile: Profile, device_budget: float | None, *, layer_cos
     variants = [{}] + [lean for lean in LEANER if not set(lean) & set(options)]
     over, tried, any_fits = [], {}, False
     for variant in variants:
-        whole = {k: v for k, v in variant.items() if k != "split_backward"}
-        same = tried.get(tuple(sorted(whole.items())))
-        if "split_backward" in variant and same is not None and not _splits_backward(same):
-            continue  # that dispatch already runs B whole: the generator would give the same plans
+        if _runs_b_whole_already(variant, tried):
+            continue
         widest = attempt(weight_limit=most, **variant)
         if widest is None:
             break
@@ -246,11 +240,7 @@ def leanest_generated(profile: Profile, *, layer_costs, num_devices: int, num_mi
         return max(plan_peak_bytes(schedule, profile, input_bytes))
 
     def plan(**extra) -> Schedule | None:
-        try:
-            return generate("roundrobin", num_ranks=num_devices, num_microbatches=num_microbatches,
-                            layer_costs=layer_costs, **{**options, **extra})
-        except ValueError:  # no cut within the weight limit: a smaller limit finds none either
-            return None
+        return _generator_plan(layer_costs, num_devices, num_microbatches, {**options, **extra})
 
     found = []
     own = plan()
@@ -261,9 +251,8 @@ def leanest_generated(profile: Profile, *, layer_costs, num_devices: int, num_mi
     seen = set() if own is None else {own.to_text()}
     leanest: dict = {}
     for variant in [{}] + [lean for lean in LEANER if not set(lean) & set(options)]:
-        whole = leanest.get(tuple(sorted((k, v) for k, v in variant.items() if k != "split_backward")))
-        if "split_backward" in variant and whole is not None and not _splits_backward(whole):
-            continue  # that dispatch already runs B whole: the generator would give the same plans
+        if _runs_b_whole_already(variant, leanest):
+            continue
         plans = falling_from_smallest(lambda at, v=variant: plan(weight_limit=at, **v), peak, profile.num_layers)
         if plans:
             leanest[tuple(sorted(variant.items()))] = plans[0][1]
@@ -274,6 +263,25 @@ def leanest_generated(profile: Profile, *, layer_costs, num_devices: int, num_mi
             named = ", ".join(f"{k}={v!r}" for k, v in {"weight_limit": limit, **variant}.items())
             found.append((peak(schedule), f"the layer-cost generator's plan with {named}"))
     return found
+
+
+def _generator_plan(layer_costs, num_devices: int, num_microbatches: int, options: dict) -> Schedule | None:
+    """``generate("roundrobin", layer_costs=...)`` with ``options``; None when no cut keeps within their
+    weight limit (a smaller limit finds none either)."""
+    try:
+        return generate("roundrobin", num_ranks=num_devices, num_microbatches=num_microbatches,
+                        layer_costs=layer_costs, **options)
+    except ValueError:
+        return None
+
+
+def _runs_b_whole_already(variant: dict, tried: dict) -> bool:
+    """Whether ``variant`` only adds ``split_backward=False`` to a dispatch already tried (``tried``: sorted
+    option items -> its plan) whose plan runs every B whole: the generator would give the same plans."""
+    if "split_backward" not in variant:
+        return False
+    same = tried.get(tuple(sorted((k, v) for k, v in variant.items() if k != "split_backward")))
+    return same is not None and not _splits_backward(same)
 
 
 FALLING_STEPS = 3
