@@ -5,10 +5,21 @@ runs on the previous ones), nothing in iteration i+1 waits for iteration i excep
 themselves: iteration i+1's first forward jobs start on the devices that iteration i's drain leaves
 free. ``steady_state`` runs ``iterations`` copies of the schedule's per-device rows one after another
 on the same event rules as ``simulate`` (events are tagged with their iteration). A pool schedule's
-rows may be rotated between iterations (iteration k runs device d's rows on device d + k x shift), as
-RoundPipe starts each round on the first free GPU; by default every shift is tried and the shortest
-period kept (stage-bound schedules keep their ranks). Our pool executor runs steps one after another
-and never rotates: these figures are what an asynchronous executor would reach.
+devices are stateless, so each iteration may run the rows on other devices than the last (a
+*placement*: the device of each row), as RoundPipe starts each round on the first free GPU. Two rules
+place them, and by default both are tried and the shorter period kept (stage-bound schedules keep
+their ranks):
+
+- a fixed rotation, every shift tried: iteration k runs row d on device d + k x shift;
+- **first free** (``first_free_placements``): iteration k + 1's rows, in the order one iteration
+  alone starts their first compute, go to the devices in the order they end iteration k. A fixed
+  shift cannot follow which device frees first: that depends on the rows each device ran before, and
+  its period stays near the busiest rows' time (issue 11: 1.7B m=16, 285.7 against 275.6 of mean
+  work per device; first free 282.6). Each placement depends only on iterations already run, so an
+  executor can follow it.
+
+Our pool executor runs steps one after another and never re-places: these figures are what an
+asynchronous executor would reach.
 
 **Load streams** (``load_stream=True``, round-robin pool schedules): a LOAD runs on its device's own
 copy stream instead of in the compute order, so it overlaps the previous job's compute, as the pool
@@ -33,7 +44,7 @@ from .action import Kind
 from .costs import Costs
 from .layouts import layout_of
 from .schedule import Schedule
-from .simulate import action_rules, check_costs, require_complete, simulate
+from .simulate import action_rules, check_costs, require_complete
 
 
 @dataclass(frozen=True)
@@ -48,15 +59,19 @@ class SteadyState:
     """Mean time between consecutive iterations' ends, back to back."""
     steady_bubble: float
     """Idle share of period x devices."""
-    shift: int
-    """Devices each iteration's rows are rotated by (0: not rotated)."""
+    shift: int | None
+    """Devices each iteration's rows are rotated by (0: not rotated); None when the first-free rule won."""
     work: float = 0.0
     """Compute of one iteration over all devices (LOADs on their own stream excluded)."""
+    placements: tuple[tuple[int, ...], ...] = ()
+    """Per iteration, the device that runs each row of the schedule (row d of iteration 0 on device d)."""
 
 
 def steady_state(schedule: Schedule, costs: Costs | None = None, *, iterations: int = 4,
                  rotate: bool | int | None = None, load_stream: bool = False) -> SteadyState:
-    """Simulate ``iterations`` back-to-back iterations of ``schedule`` (see the module docstring)."""
+    """Simulate ``iterations`` back-to-back iterations of ``schedule`` (see the module docstring).
+    ``rotate``: None tries every fixed shift and the first-free rule (stage-bound schedules: no shift), True
+    the first-free rule alone, an int that fixed shift alone."""
     if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 2:
         raise ValueError(f"iterations must be an integer >= 2 (a period needs two iteration ends), got {iterations!r}")
     costs = Costs.unit() if costs is None else costs
@@ -70,50 +85,83 @@ def steady_state(schedule: Schedule, costs: Costs | None = None, *, iterations: 
     kinds = [[a.kind for a in row] for row in schedule.actions]
     stages = [[a.stage for a in row] for row in schedule.actions]
 
-    def run(count: int, shift: int) -> list[float]:
-        return _run(requires, produces, durations, kinds, stages, costs.comm, devices, count, shift, load_stream)
+    def run(placements) -> _Run:
+        return _run(requires, produces, durations, kinds, stages, costs.comm, placements, load_stream)
 
-    single_ends = run(1, 0)
-    makespan = single_ends[0]
+    makespan = run([tuple(range(devices))]).ends[0]
     if rotate is None:
         shifts = range(devices) if schedule.stage_to_rank is None else (0,)
-    elif rotate is True:
-        shifts = (_shift(simulate(schedule, costs)),)
     else:
-        shifts = (int(rotate) % devices,)
-    period, shift = min((_period(run(iterations, s)), s) for s in shifts)
+        shifts = () if rotate is True else (int(rotate) % devices,)
+    tried = [(_period(run(placements).ends), shift, placements)
+             for shift, placements in [(s, _shifted(devices, iterations, s)) for s in shifts]]
+    if (rotate is None and schedule.stage_to_rank is None) or rotate is True:
+        placements = first_free_placements(run, devices, iterations)
+        tried.append((_period(run(placements).ends), None, placements))
+    period, shift, placements = min(tried, key=lambda t: t[0])  # the first on a tie: shifts before first free
     work = sum(d for row, ks in zip(durations, kinds, strict=True) for d, k in zip(row, ks, strict=True)
                if not (load_stream and k is Kind.LOAD))
     bubble = 0.0 if makespan <= 0 else max(0.0, 1.0 - work / (devices * makespan))
     steady = 0.0 if period <= 0 else max(0.0, 1.0 - work / (devices * period))
-    return SteadyState(makespan, bubble, period, steady, shift, work)
+    return SteadyState(makespan, bubble, period, steady, shift, work, tuple(placements))
+
+
+def first_free_placements(run, devices: int, iterations: int) -> list[tuple[int, ...]]:
+    """The first-free rule: iteration 0 runs row d on device d; iteration k + 1 deals the rows, in the order
+    ``run`` of one iteration starts their first compute, to the devices in the order they end iteration k
+    (ties: the lower row, the lower device). ``run(placements)`` simulates those iterations (``_Run``)."""
+    alone = run([tuple(range(devices))])
+    rows = sorted(range(devices), key=lambda r: (alone.first_compute[0][r], r))
+    placements = [tuple(range(devices))]
+    while len(placements) < iterations:
+        frees = run(placements).frees[-1]
+        order = sorted(range(devices), key=lambda d: (frees[d], d))
+        placement = [0] * devices
+        for row, device in zip(rows, order, strict=True):
+            placement[row] = device
+        placements.append(tuple(placement))
+    return placements
+
+
+def _shifted(devices: int, iterations: int, shift: int) -> list[tuple[int, ...]]:
+    return [tuple((row + k * shift) % devices for row in range(devices)) for k in range(iterations)]
 
 
 def _period(ends: list[float]) -> float:
     return (ends[-1] - ends[0]) / (len(ends) - 1)
 
 
-def _shift(timeline) -> int:
-    """Rotation putting the device that starts an iteration onto the device that ends it first."""
-    rows = timeline.per_worker
-    starter = min((row[0].start, w) for w, row in enumerate(rows) if row)[1]
-    first_free = min((row[-1].end if row else 0.0, w) for w, row in enumerate(rows))[1]
-    return (first_free - starter) % len(rows)
+@dataclass(frozen=True)
+class _Run:
+    """Back-to-back iterations simulated: per iteration, its end; per iteration and device, when its compute
+    there ends (``frees``); per iteration and row of the schedule, when that row's first compute (not a LOAD
+    or STORE) starts (``first_compute``)."""
+
+    ends: list[float]
+    frees: list[list[float]]
+    first_compute: list[list[float]]
 
 
-def _items(requires, produces, durations, kinds, stages, devices, iterations, shift, load_stream):
-    """Per row (devices, then their load streams when ``load_stream``): (needs, makes, duration,
-    iteration) of each item in order; events tagged with the iteration, plus the weight budget's."""
+_TRANSFERS = (Kind.LOAD, Kind.STORE)
+
+
+def _items(requires, produces, durations, kinds, stages, placements, load_stream):
+    """Per row (devices, then their load streams when ``load_stream``): (needs, makes, duration, iteration,
+    row of the schedule or None for a transfer) of each item in order; events tagged with the iteration,
+    plus the weight budget's."""
+    devices = len(requires)
     rows = [[] for _ in range(2 * devices if load_stream else devices)]
+    sources = [{device: row for row, device in enumerate(placement)} for placement in placements]
     for d in range(devices):
         jobs = ([], [])  # per item of the compute row, then of the load stream: its (iteration, stage)
-        for k in range(iterations):
-            src = (d - k * shift) % devices
+        for k, source in enumerate(sources):
+            src = source[d]
             for j in range(len(requires[src])):
                 on_stream = load_stream and kinds[src][j] is Kind.LOAD
                 needs = [(k, e) for e in requires[src][j]]
                 makes = [(k, e) for e in produces[src][j]]
-                rows[devices + d if on_stream else d].append((needs, makes, durations[src][j], k))
+                row = None if kinds[src][j] in _TRANSFERS else src
+                rows[devices + d if on_stream else d].append((needs, makes, durations[src][j], k, row))
                 jobs[on_stream].append((k, stages[src][j]))
         if load_stream:
             _weight_budget(rows[d], rows[devices + d], *jobs, d)
@@ -130,32 +178,35 @@ def _weight_budget(compute: list, loads: list, compute_jobs: list, load_jobs: li
     loaded = [job for job in load_jobs if job in last]
     number = {job: q for q, job in enumerate(loaded)}
     released = sorted(loaded, key=last.__getitem__)  # jobs in the order the compute row ends them
-    for (needs, makes, _, _), job in zip(loads, load_jobs, strict=True):
+    for (needs, makes, *_), job in zip(loads, load_jobs, strict=True):
         makes.append(("loaded", device, job))
         if number.get(job, 0) >= 2:
             needs.append(("released", device, released[number[job] - 2]))
     waits_for_load = set(loaded)
-    for position, ((needs, makes, _, _), job) in enumerate(zip(compute, compute_jobs, strict=True)):
+    for position, ((needs, makes, *_), job) in enumerate(zip(compute, compute_jobs, strict=True)):
         if job in waits_for_load:  # jobs without a LOAD (transfers off) wait for none
             needs.append(("loaded", device, job))
             if last[job] == position:
                 makes.append(("released", device, job))
 
 
-def _run(requires, produces, durations, kinds, stages, comm, devices, iterations, shift, load_stream) -> list[float]:
-    """The event loop of ``simulate.run_order`` over the rows of ``_items``; each iteration's end."""
-    rows = _items(requires, produces, durations, kinds, stages, devices, iterations, shift, load_stream)
+def _run(requires, produces, durations, kinds, stages, comm, placements, load_stream) -> _Run:
+    """The event loop of ``simulate.run_order`` over the rows of ``_items``."""
+    rows = _items(requires, produces, durations, kinds, stages, placements, load_stream)
+    devices, iterations = len(requires), len(placements)
     happened: dict[tuple, tuple[float, int]] = {}
     waiting: dict[tuple, list[int]] = defaultdict(list)
     position, free_at = [0] * len(rows), [0.0] * len(rows)
     ends = [0.0] * iterations
+    frees = [[0.0] * devices for _ in range(iterations)]
+    first_compute = [[float("inf")] * devices for _ in range(iterations)]
     ready = list(range(len(rows)))
     while ready:
         row_index = ready.pop()
         row, i, free = rows[row_index], position[row_index], free_at[row_index]
         device = row_index % devices  # a load stream is its device's: no comm between them
         while i < len(row):
-            needs, makes, duration, k = row[i]
+            needs, makes, duration, k, source = row[i]
             start, blocked = free, None
             for event in needs:
                 seen = happened.get(event)
@@ -169,11 +220,17 @@ def _run(requires, produces, durations, kinds, stages, comm, devices, iterations
             free = start + duration
             if duration > 0 or row_index < devices:
                 ends[k] = max(ends[k], free)
+            if row_index < devices:
+                frees[k][device] = max(frees[k][device], free)
+                if source is not None:
+                    first_compute[k][source] = min(first_compute[k][source], start)
             for event in makes:
                 happened[event] = (free, device)
                 ready.extend(waiting.pop(event, ()))
             i += 1
         position[row_index], free_at[row_index] = i, free
     if any(position[r] < len(rows[r]) for r in range(len(rows))):
-        raise ValueError(f"back-to-back iterations deadlock (rotation {shift})")
-    return ends
+        raise ValueError(f"back-to-back iterations deadlock (placements {placements})")
+    for k in range(1, iterations):  # a device with no compute in iteration k is free when it was before
+        frees[k] = [max(now, before) for now, before in zip(frees[k], frees[k - 1], strict=True)]
+    return _Run(ends, frees, first_compute)

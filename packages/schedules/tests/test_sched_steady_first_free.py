@@ -1,0 +1,58 @@
+"""``steady_state``'s first-free placements: iteration k + 1's rows go, in the order one iteration starts their
+first compute, to the devices in the order they end iteration k. A fixed rotation cannot follow which device
+frees first (it depends on the rows each device ran before), so on a pool schedule the rule can beat every
+shift; the default keeps the shorter period of both, and stage-bound schedules keep their ranks."""
+
+import pytest
+
+from bubbleless_schedules import Costs, generate, simulate
+from bubbleless_schedules.generators.roundrobin_cut import job_costs
+from bubbleless_schedules.roundrobin_layout import pool_groups
+from bubbleless_schedules.simulate_steady import _Run, first_free_placements, steady_state
+
+
+def test_first_free_deals_rows_in_start_order_to_devices_in_free_order():
+    # one iteration alone starts row 2's compute first, then rows 0 and 1 (a tie: the lower row first)
+    first_compute = [5.0, 5.0, 1.0]
+    frees = [[9.0, 7.0, 8.0], [20.0, 21.0, 19.0]]  # per iteration: when each device ends it
+
+    def run(placements):
+        count = len(placements)
+        return _Run([0.0] * count, frees[:count], [first_compute] * count)
+
+    placements = first_free_placements(run, 3, 3)
+    # iteration 1: devices free in the order 1, 2, 0 -> row 2 on device 1, row 0 on device 2, row 1 on device 0
+    # iteration 2: devices free in the order 2, 0, 1 -> row 2 on device 2, row 0 on device 0, row 1 on device 1
+    assert placements == [(0, 1, 2), (2, 0, 1), (0, 1, 2)]
+
+
+def pool_schedule():
+    layer_costs = Costs([1.0] * 8 + [3.0], [1.1] * 8 + [3.0], [1.1] * 8 + [3.0], 0.1)
+    schedule = generate("roundrobin", num_ranks=4, num_microbatches=8, layer_costs=layer_costs)
+    return schedule, job_costs(layer_costs, pool_groups(schedule))
+
+
+def test_first_free_beats_every_fixed_shift_and_the_default_keeps_it():
+    schedule, costs = pool_schedule()
+    shifts = [steady_state(schedule, costs, rotate=s) for s in range(4)]
+    first_free = steady_state(schedule, costs, rotate=True)
+    assert first_free.shift is None
+    assert first_free.period < min(s.period for s in shifts) - 1e-6
+    default = steady_state(schedule, costs)
+    assert default.period == pytest.approx(first_free.period) and default.shift is None
+    assert default.placements == first_free.placements
+    assert default.placements[0] == (0, 1, 2, 3)
+    assert all(sorted(p) == [0, 1, 2, 3] for p in default.placements)  # every row on a device of its own
+    work = sum(s.end - s.start for s in simulate(schedule, costs).spans)
+    assert default.period >= work / 4 - 1e-9  # never faster than the devices' work allows
+
+
+def test_a_fixed_shift_reports_its_rotation():
+    schedule, costs = pool_schedule()
+    state = steady_state(schedule, costs, rotate=1, iterations=3)
+    assert state.shift == 1 and state.placements == ((0, 1, 2, 3), (1, 2, 3, 0), (2, 3, 0, 1))
+
+
+def test_a_stage_bound_schedule_keeps_its_ranks():
+    state = steady_state(generate("1f1b", num_ranks=4, num_microbatches=8))
+    assert state.shift == 0 and set(state.placements) == {(0, 1, 2, 3)}
