@@ -4,6 +4,7 @@ and the run-queue wait the measured runs record (bench/measured/common.py, runne
 from __future__ import annotations
 
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.measured.common import schedstat_delta, thread_schedstats  # noqa: E402
+from bench.measured.common import ThreadWatch, schedstat_delta, thread_schedstats  # noqa: E402
 from bench.measured.runner import merge  # noqa: E402
 from bench.measured.scenario import load_scenario  # noqa: E402
 from bench.modelled.calibrate import calibrate, calibration_table, cpu_point  # noqa: E402
@@ -66,12 +67,15 @@ def test_cross_small_ops_price_a_decoder_layer_and_the_head_as_documented():
     layer = prof.layers[1]
     assert layer.forward == pytest.approx(matmul / 0.1e9 + attention / 0.05e9 + memory / 10e6 + dispatch_ms)
     assert layer.input_grad == pytest.approx(matmul / 0.2e9 + 2 * attention / 0.025e9 + 2 * memory / 20e6 + dispatch_ms)
-    assert layer.weight_grad == pytest.approx(matmul / 0.4e9)
+    accumulate_ms = 7 / 8 * 3 * prof.layers[1].param_bytes / 20e6  # 8 micro-batches, all but the first
+    assert layer.weight_grad == pytest.approx(matmul / 0.4e9 + accumulate_ms)
     assert layer.recompute == layer.forward
     head = prof.layers[-1]
     loss = tokens * 2048 * LOGIT_BYTES * LOSS_PASSES
     assert head.forward == pytest.approx(2 * 256 * 2048 * tokens / 0.1e9 + loss / 8e6 + tokens * 2 * 256 * 4 / 10e6)
-    assert head.weight_grad == pytest.approx(2 * 256 * 2048 * tokens / 0.4e9)
+    assert head.weight_grad == pytest.approx(2 * 256 * 2048 * tokens / 0.4e9 + 7 / 8 * 3 * head.param_bytes / 20e6)
+    one = profile_of(point.at(global_batch=1), loss_chunk_tokens=None)  # one micro-batch: nothing to accumulate
+    assert one.layers[1].weight_grad == pytest.approx(matmul / 0.4e9)
     # the embedding and everything the memory models read stay the analytic profile's
     plain = analytic_profile(TINY, _cpu().for_dtype("fp32"), seq_len=256, dtype_bytes=4)
     assert prof.layers[0] == plain.layers[0]
@@ -135,6 +139,36 @@ def test_cross_small_ops_schedstat_counts_cpu_and_the_longest_wait():
     cpu, wait = schedstat_delta(before, thread_schedstats())
     if before:  # Linux with schedstat
         assert cpu > 0 and wait >= 0
+
+
+def test_cross_small_ops_schedstat_a_counter_that_went_back_is_a_new_thread():
+    assert schedstat_delta({"7": (900, 900)}, {"7": (300, 200)}) == (pytest.approx(3e-7), pytest.approx(2e-7))
+
+
+def test_cross_small_ops_thread_watch_sees_a_thread_that_ended_within_the_step():
+    """The round-robin pool's device threads start and end within each step: gone from /proc at its end."""
+    import threading
+
+    with pytest.raises(ValueError, match="period_s"):
+        ThreadWatch(period_s=0)
+
+    def spin():
+        end = time.thread_time() + 0.15
+        while time.thread_time() < end:
+            pass
+
+    with ThreadWatch(period_s=0.01) as watch:
+        before = watch.restart()
+        if not before:
+            pytest.skip("no Linux schedstat here")
+        worker = threading.Thread(target=spin)
+        worker.start()
+        worker.join()
+        after = watch.readings()
+        cpu, _ = schedstat_delta(before, after)
+        assert set(after) - set(thread_schedstats()), "the ended thread is kept at its last reading"
+        assert cpu >= 0.1  # the ended thread's 0.15 s, at most a period short (and the main thread's)
+        assert schedstat_delta(watch.restart(), watch.readings())[0] < 0.1  # restart forgets it
 
 
 def test_cross_small_ops_merge_takes_the_wait_out_of_each_step():

@@ -51,8 +51,8 @@ LOAD = (
     "without that wait, the last measured column. Taking out only the longest single wait is a lower bound "
     "on what the load cost (waits on two ranks that delay each other in turn add up), so the load-free "
     "figure is, if anything, low, and an optimistic error against it is an upper bound. The round-robin "
-    "pool starts its device threads afresh each step, so only its main thread's wait is seen: its load-free "
-    "figure takes out too little."
+    "pool starts its device threads afresh each step; a watcher thread reads every thread's schedstat each "
+    "20 ms (bench/measured/common.py `ThreadWatch`), so a device thread's wait counts up to its last reading."
 )
 CPU = (
     "A system that spends more CPU per step than the pipelines and DDP on the same FLOPs does work the model "

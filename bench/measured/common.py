@@ -7,9 +7,11 @@ accounting (``MemoryBudget.peak``), which counts only what it places on a device
 
 Load from other processes: each timed step also records the run-queue wait of this process's threads
 (``/proc/self/task/*/schedstat``, second field: nanoseconds a thread was runnable but another had the
-core), the most of any one thread alive at the step's end (``wait_s``: the pool's device threads, started
-and ended within each step, are not seen, so its wait is undercounted), and the process's CPU time
-(``cpu_s``, ``getrusage``: every thread, ended ones too). On a shared
+core), the most of any one thread over the step (``wait_s``), and the process's CPU time (``cpu_s``,
+``getrusage``: every thread, ended ones too). A thread that starts and ends within a step (the round-robin
+pool's device threads, started afresh each step) is gone from ``/proc`` when the step ends, so a watcher
+thread (``ThreadWatch``) reads every thread's schedstat each ``WATCH_PERIOD_S`` and keeps the last reading
+of each: such a thread counts up to its last reading, at most one period short. On a shared
 machine the wait is time the step lost to whatever else ran, which no cost model prices; the calibration
 (bench/measured/calibration.py) reports the step with and without it.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import os
 import resource
+import threading
 import time
 
 import torch
@@ -53,14 +56,69 @@ def thread_schedstats() -> dict[str, tuple[int, int]]:
 
 def schedstat_delta(before: dict, after: dict) -> tuple[float, float]:
     """(CPU seconds of all threads, the longest run-queue wait of one thread, seconds) between two
-    ``thread_schedstats``; a thread born meanwhile counts from zero."""
-    deltas = [(c - before.get(t, (0, 0))[0], w - before.get(t, (0, 0))[1]) for t, (c, w) in after.items()]
+    ``thread_schedstats``; a thread born meanwhile counts from zero, as does one whose counters went back
+    (an ended thread's id taken by a new one)."""
+    deltas = [_since(before.get(t, (0, 0)), now) for t, now in after.items()]
     return sum(c for c, _ in deltas) / 1e9, max((w for _, w in deltas), default=0) / 1e9
+
+
+WATCH_PERIOD_S = 0.02
+"""How often ``ThreadWatch`` reads the threads' schedstat: a thread that ends within a step is seen up to
+this much short of its end (a lower bound on its wait); each reading costs about 0.1 ms of CPU (a few
+small /proc reads), 0.5% of a core."""
+
+
+class ThreadWatch:
+    """Every thread's last schedstat reading since ``restart`` (the module docstring): ``with
+    ThreadWatch() as watch: watch.restart(); ...; watch.readings()``."""
+
+    def __init__(self, period_s: float = WATCH_PERIOD_S) -> None:
+        if not period_s > 0:
+            raise ValueError(f"ThreadWatch period_s must be positive seconds, got {period_s!r}")
+        self.period_s = period_s
+        self._seen: dict[str, tuple[int, int]] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, name="bench-thread-watch", daemon=True)
+
+    def __enter__(self) -> ThreadWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _poll(self) -> None:
+        while not self._stop.wait(self.period_s):
+            self._record(thread_schedstats())
+
+    def _record(self, now: dict) -> None:
+        with self._lock:
+            self._seen.update(now)
+
+    def restart(self) -> dict[str, tuple[int, int]]:
+        """Forget ended threads; the threads alive now with their readings (a step's ``before``)."""
+        now = thread_schedstats()
+        with self._lock:
+            self._seen = dict(now)
+        return now
+
+    def readings(self) -> dict[str, tuple[int, int]]:
+        """Every thread seen since ``restart``: alive ones read now, ended ones at their last reading."""
+        now = thread_schedstats()
+        self._record(now)
+        with self._lock:
+            return dict(self._seen)
 
 
 def _process_cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
+
+
+def _since(then: tuple[int, int], now: tuple[int, int]) -> tuple[int, int]:
+    return now if now[0] < then[0] or now[1] < then[1] else (now[0] - then[0], now[1] - then[1])
 
 
 def barrier() -> None:
@@ -72,20 +130,21 @@ def timed_steps(step, *, steps: int, warmup: int) -> dict:
     """Run ``step(i)`` for ``warmup + steps`` steps between barriers; losses of every step, and of the timed
     ones the wall time, this process's CPU time and its longest thread's run-queue wait (module docstring)."""
     losses, times, cpu, wait = [], [], [], []
-    for i in range(warmup + steps):
-        barrier()
-        before, cpu_before = thread_schedstats(), _process_cpu_s()
-        start = time.perf_counter()
-        loss = step(i)
-        barrier()
-        elapsed = time.perf_counter() - start
-        wait_s = schedstat_delta(before, thread_schedstats())[1]
-        cpu_s = _process_cpu_s() - cpu_before
-        losses.append(loss)
-        if i >= warmup:
-            times.append(elapsed)
-            cpu.append(cpu_s)
-            wait.append(wait_s)
+    with ThreadWatch() as watch:
+        for i in range(warmup + steps):
+            barrier()
+            before, cpu_before = watch.restart(), _process_cpu_s()
+            start = time.perf_counter()
+            loss = step(i)
+            barrier()
+            elapsed = time.perf_counter() - start
+            wait_s = schedstat_delta(before, watch.readings())[1]
+            cpu_s = _process_cpu_s() - cpu_before
+            losses.append(loss)
+            if i >= warmup:
+                times.append(elapsed)
+                cpu.append(cpu_s)
+                wait.append(wait_s)
     return {"losses": losses, "times": times, "cpu_s": cpu, "wait_s": wait}
 
 

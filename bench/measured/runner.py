@@ -36,9 +36,15 @@ def worker(rank: int, system: str, scenario: dict, steps: int, warmup: int, seq_
 
 
 def processes(scenario: Scenario, system: str) -> tuple[int, int]:
-    """(processes, torch threads each): the pool is one process with a thread per device."""
+    """(processes, torch threads each): the pool is one process with a thread per device, and each device
+    thread takes the process's torch thread count as its own (``pool_worker.run_worker``), so the pool
+    process gets ``threads``, what each rank of the other systems gets and the cost model prices per
+    device. Measured (tiny scenario, 2 devices, 2026-12-02): given 2 x threads, each device thread ran
+    its matmuls on 2 OpenMP threads, and the process spent 1.55-1.68 CPU s a step where its device
+    threads' own CPU time was 0.71-0.85 s (the rest on the OpenMP helpers of four threads on two
+    cores); given 1, 1.15 s against 1.13 s."""
     if system == "roundrobin":
-        return 1, scenario.workers * scenario.threads
+        return 1, scenario.threads
     return scenario.workers, scenario.threads
 
 
