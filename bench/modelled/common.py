@@ -36,6 +36,7 @@ from bubbleless_partition import Hardware, LayerCost, Profile, TransformerShape,
 from bubbleless_partition.analytic import LOGIT_BYTES, LOSS_PASSES
 
 from .cpu_ops import (
+    ACCUMULATE_PASSES,
     BACKWARD_ELEMENTWISE,
     NORM_BYTES_PER_TOKEN,
     OTHER_OPS_PER_LAYER,
@@ -152,8 +153,11 @@ def small_op_profile(prof: Profile, point: Point, ops: SmallOps, *, seq_len: int
     A decoder layer: F = its matrix multiplies at the forward GEMM rate + attention at the forward attention
     rate + its memory-bound bytes at the forward elementwise rate + half the untimed ops' overhead; I = the
     same at the backward rates (attention and elementwise backward counted twice the forward) + the other
-    half; W = its matrix multiplies at the weight-gradient rate. The head: its vocabulary projection at the
-    three GEMM rates, the loss bytes (the analytic count) at the loss rates and its norm at the elementwise.
+    half; W = its matrix multiplies at the weight-gradient rate, plus accumulating its weight gradients into
+    ``.grad`` (``ACCUMULATE_PASSES`` over its parameter bytes at the backward elementwise rate, in all of the
+    step's micro-batches but the first: the per-micro-batch price carries (m - 1) / m of it). The head: its
+    vocabulary projection at the three GEMM rates, the loss bytes (the analytic count) at the loss rates,
+    its norm at the elementwise, and the same accumulation in W.
     """
     s, d = point.shape, point.dtype_bytes
     tokens = prof.tokens_per_microbatch
@@ -164,15 +168,20 @@ def small_op_profile(prof: Profile, point: Point, ops: SmallOps, *, seq_len: int
     attention = 2 * s.heads * s.dim * seq_len * tokens
     memory = tokens * elementwise_bytes_per_token(s.hidden, s.active_mlp_width(), d)
     dispatch = OTHER_OPS_PER_LAYER * ops.op_overhead_s * 1e3 / 2
+    share = (point.microbatches - 1) / point.microbatches  # the first micro-batch's gradient is taken as is
+
+    def accumulate(layer) -> float:
+        return share * ACCUMULATE_PASSES * layer.param_bytes / eb
+
     decoder = {"forward": matmul / gf + attention / af + memory / ef + dispatch,
                "input_grad": matmul / gi + 2 * attention / ab + BACKWARD_ELEMENTWISE * memory / eb + dispatch,
-               "weight_grad": matmul / gw}
+               "weight_grad": matmul / gw + accumulate(prof.layers[1])}
     head_matmul = 2 * s.hidden * s.vocab * tokens
     loss = tokens * s.vocab * LOGIT_BYTES * LOSS_PASSES
     norm = tokens * NORM_BYTES_PER_TOKEN * s.hidden * d
     head = {"forward": head_matmul / gf + loss / lf + norm / ef,
             "input_grad": head_matmul / gi + loss / lb + BACKWARD_ELEMENTWISE * norm / eb,
-            "weight_grad": head_matmul / gw}
+            "weight_grad": head_matmul / gw + accumulate(prof.layers[-1])}
     if len(prof.layers) != s.num_layers + 2:
         raise ValueError(f"small-op pricing needs the head whole (one lm_head layer), got {len(prof.layers)} layers")
     priced = [prof.layers[0]]
