@@ -28,7 +28,9 @@ A GPU profile has none of them and is priced as before.
 
 The same file's ``framework`` entry (``framework_ops``, written by ``python -m bench.modelled.framework_ops``
 after ``--measure-cpu``, which rewrites the rest of the file without it) holds the data-parallel
-frameworks' own host work per micro-batch and optimizer step, priced by the baselines' models.
+frameworks' own host work per micro-batch and optimizer step, priced by the baselines' models; its
+``split_backward`` entry (``split_ops``, ``python -m bench.modelled.split_ops``) what the runtime's backward
+split costs, priced by the stage-bound model on the stages a schedule splits.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from bubbleless_partition import Hardware, load_hardware
 
 from .cpu_profile import median_thread_seconds
 from .framework_ops import FrameworkOps, framework_ops_from_dict
+from .split_ops import SplitBackward, split_backward_from_dict
 
 FORMAT = "bubbleless-bench/cpu-ops-v1"
 
@@ -99,6 +102,9 @@ class CpuHardware(Hardware):
     framework: FrameworkOps | None = None
     """The data-parallel frameworks' own host work (``framework_ops``, the ``framework`` entry of the
     ops file); None where it was not measured: the baselines' models then price it at zero, as on GPUs."""
+    split_backward: SplitBackward | None = None
+    """What the runtime's backward split costs (``split_ops``, the ``split_backward`` entry of the ops
+    file); None where it was not measured: a split stage is then priced as an unsplit one, as on GPUs."""
 
 
 COLD_BYTES = 32 << 20
@@ -246,7 +252,7 @@ def small_ops_to_dict(ops: SmallOps) -> dict:
 def small_ops_from_dict(data: dict) -> SmallOps:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ValueError(f"not a small-op profile: expected format {FORMAT!r}")
-    fields_ = {k: v for k, v in data.items() if k not in ("format", "framework")}
+    fields_ = {k: v for k, v in data.items() if k not in ("format", "framework", "split_backward")}
     try:
         values = {k: tuple(v["value"]) if isinstance(v["value"], list) else v["value"] for k, v in fields_.items()}
         return SmallOps(**values, sources={k: v["source"] for k, v in fields_.items()})
@@ -270,9 +276,11 @@ def load_cpu_profile(path: str | Path) -> Hardware:
         return hw
     data = yaml.safe_load(beside.read_text())
     framework = framework_ops_from_dict(data["framework"]) if "framework" in data else None
-    return with_small_ops(hw, small_ops_from_dict(data), framework=framework)
+    split = split_backward_from_dict(data["split_backward"]) if "split_backward" in data else None
+    return with_small_ops(hw, small_ops_from_dict(data), framework=framework, split_backward=split)
 
 
-def with_small_ops(hw: Hardware, ops: SmallOps, *, framework: FrameworkOps | None = None) -> CpuHardware:
+def with_small_ops(hw: Hardware, ops: SmallOps, *, framework: FrameworkOps | None = None,
+                   split_backward: SplitBackward | None = None) -> CpuHardware:
     values = {f: getattr(hw, f) for f in Hardware.__dataclass_fields__}
-    return CpuHardware(**values, small_ops=ops, framework=framework)
+    return CpuHardware(**values, small_ops=ops, framework=framework, split_backward=split_backward)

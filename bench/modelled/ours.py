@@ -12,6 +12,8 @@ per-stage costs; the step's compute is the simulated makespan. Assumptions:
 - weights, gradients and optimizer state resident on the GPU (16 bytes per parameter in mixed precision);
   the optimizer step runs on the device, memory-bound (30 bytes moved per parameter at device bandwidth).
 - no recompute; the loss chunked by 4,096 tokens (our runtime's ``chunked_cross_entropy``).
+- the backward split free (I + W = B) except on a profile that carries its measured cost (``split_ops``:
+  the ``cpu`` profile), where a split stage's F, I and W are scaled by it (``_split_priced``).
 - peak memory per GPU: its stages' state, plus the simulated peak of micro-batches in flight
   (``Timeline.peak_memory``, with I freeing nothing until W: pessimistic for ZB) times one micro-batch's
   saved activations of its layers, plus one loss chunk on the GPU holding the head.
@@ -131,9 +133,31 @@ def _stage_bound_plan(name: str, point: Point):
         max((prof.cut_transfer_time(b) for b in part.boundaries), default=0.0),
     )
     schedule = generate(name, num_ranks=p, num_microbatches=point.microbatches, costs=costs)
+    split = _split_priced(costs, schedule, point)
+    if split != costs:
+        costs = split
+        schedule = generate(name, num_ranks=p, num_microbatches=point.microbatches, costs=costs)
     timeline = simulate(schedule, costs)
     ranks = [[i for s, r in enumerate(schedule.stage_to_rank) if r == rank for i in stages[s]] for rank in range(p)]
     return part.sizes, ranks, timeline.makespan, timeline.peak_memory
+
+
+def _split_priced(costs: Costs, schedule, point: Point) -> Costs:
+    """``costs`` with each stage the schedule splits (any I action) at the measured cost of the runtime's
+    split, where the profile carries it (``split_ops``: a ``cpu`` profile): F times the deferred forward's
+    ratio, I and W times the split backward's (I + W over B). A stage that also runs some micro-batches
+    whole (B) is priced split throughout (pessimistic; no registered schedule mixes them on one stage)."""
+    measured = getattr(point.hardware, "split_backward", None)
+    split = {a.stage for _, _, a in schedule.all_actions() if a.kind is Kind.I}
+    if measured is None or not split:
+        return costs
+
+    def scaled(values, ratio):
+        return tuple(v * ratio if stage in split else v for stage, v in enumerate(values))
+
+    return replace(costs, forward=scaled(costs.forward, measured.forward_ratio),
+                   backward_input=scaled(costs.backward_input, measured.backward_ratio),
+                   backward_weight=scaled(costs.backward_weight, measured.backward_ratio))
 
 
 def _stage_bound_peak(point: Point, ranks, in_flight, seq_len: int) -> float:
