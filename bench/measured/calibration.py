@@ -49,7 +49,7 @@ PHYSICS = (
     "busy machine causes a process that does hold a core (shared caches and memory bandwidth: the small-op "
     "GEMM and attention rates re-measured at load 3.5 were about 10% under cpu_ops.yaml's). The round-robin "
     "executor plans from its own profile, timed at start-up (`partition='auto'`), which on this loaded "
-    "machine gave another plan in each of four runs (backward groups of 1 to 4 layers, most recomputing), "
+    "machine gave three different plans in four runs (backward groups of 1 to 4 layers, all recomputing), "
     "none the model's plan from cpu_ops.yaml (one 7-layer fused group, no recompute): its row compares two "
     "different plans."
 )
