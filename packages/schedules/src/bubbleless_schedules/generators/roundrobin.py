@@ -43,6 +43,10 @@ Options (all optional):
   device's waits (zero-bubble's idea inside the pool). Default: whichever of I/W and B the simulator
   runs faster for the chosen plan (``roundrobin_search``; B on a tie); True forces I/W, False keeps B.
   The pool executor runs both (``bubbleless_runtime.pool_split``).
+- ``objective``: with ``layer_costs``, what the simulator judges the search's finalists by
+  (``roundrobin_search.OBJECTIVES``): ``"makespan"`` (default) one iteration, as our pool executor runs
+  steps one after another; ``"period"`` the steady-state period of back-to-back iterations
+  (``simulate_steady``), the step time of an asynchronous executor.
 """
 
 from __future__ import annotations
@@ -57,7 +61,7 @@ from ..registry import register
 from ..roundrobin_layout import PoolGroups
 from ..schedule import Schedule
 from .roundrobin_cut import check_layer_costs
-from .roundrobin_search import search
+from .roundrobin_search import objective_judge, search
 
 
 @register("roundrobin")
@@ -76,6 +80,7 @@ def roundrobin(
     recompute_ahead: int | None = None,
     split_backward: bool | None = None,
     weight_limit: int | None = None,
+    objective: str | None = None,
 ) -> Schedule:
     """Stage jobs over all micro-batches, dealt round-robin to ``num_ranks`` pool devices."""
     if layer_costs is not None:
@@ -83,10 +88,10 @@ def roundrobin(
             layer_costs, num_ranks=num_ranks, num_microbatches=num_microbatches, memory_limit=memory_limit,
             num_layers=num_layers, last_layers=last_layers, forward_stages=forward_stages,
             backward_stages=backward_stages, weight_transfers=weight_transfers, recompute_ahead=recompute_ahead,
-            split_backward=split_backward, weight_limit=weight_limit,
+            split_backward=split_backward, weight_limit=weight_limit, objective=objective,
         )
     for name, value in (("recompute_ahead", recompute_ahead), ("split_backward", split_backward or None),
-                        ("weight_limit", weight_limit)):
+                        ("weight_limit", weight_limit), ("objective", objective)):
         if value is not None:
             raise ValueError(f"roundrobin option {name} needs layer_costs= (per-layer costs to dispatch by)")
     groups = pool_cut(
@@ -99,7 +104,7 @@ def roundrobin(
 
 def _from_layer_costs(layer_costs, *, num_ranks, num_microbatches, memory_limit, num_layers, last_layers,
                       forward_stages, backward_stages, weight_transfers, recompute_ahead, split_backward,
-                      weight_limit) -> Schedule:
+                      weight_limit, objective) -> Schedule:
     count = check_layer_costs(layer_costs)
     if num_layers is not None and num_layers != count:
         raise ValueError(f"roundrobin: num_layers={num_layers} but layer_costs give {count} layers; drop num_layers "
@@ -108,13 +113,16 @@ def _from_layer_costs(layer_costs, *, num_ranks, num_microbatches, memory_limit,
         _check_count("recompute_ahead", recompute_ahead, 1)
     if weight_limit is not None:
         _check_count("weight_limit", weight_limit, 1)
+    objective = "makespan" if objective is None else objective
+    objective_judge(objective)  # refuse an unknown one before the search
     pinned = None
     if any(x is not None for x in (last_layers, forward_stages, backward_stages)):
         pinned = pool_cut(num_ranks=num_ranks, costs=Costs.unit(), memory_limit=None, num_layers=count,
                           last_layers=last_layers, forward_stages=forward_stages, backward_stages=backward_stages)
     return search(layer_costs, num_devices=num_ranks, num_microbatches=num_microbatches, memory_limit=memory_limit,
                   pinned=pinned, ahead=recompute_ahead, weight_transfers=weight_transfers,
-                  split_backward=None if split_backward is None else bool(split_backward), weight_limit=weight_limit)
+                  split_backward=None if split_backward is None else bool(split_backward), weight_limit=weight_limit,
+                  objective=objective)
 
 
 _JOB_ACTIONS = {"forward": (Kind.F,), "last": (Kind.F, Kind.B), "backward": (Kind.R, Kind.B)}

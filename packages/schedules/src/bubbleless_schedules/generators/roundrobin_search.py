@@ -23,7 +23,9 @@ as the pool holds them (``held_weights``: a device may end a later-started job f
 prefetches its next job into the room it leaves), and refused when a device would need three jobs'
 weights at once. The best ``FINALISTS`` and the best unsplit plan, weight transfers inserted, are simulated under
 the per-job costs the layer costs sum to (LOAD/STORE included), and the fastest within ``memory_limit``
-wins (the first on a tie, so the result is deterministic).
+wins (the first on a tie, so the result is deterministic). With ``objective="period"`` the simulator
+judges these finalists by their steady-state period instead (``OBJECTIVES``); the ranking before it is
+the list scheduler's makespan either way.
 
 Split backward (``split_backward``): True searches with every gradient job's B dispatched as I and W
 (``roundrobin_dispatch``), False with B. None (the generator's default) searches with B, then dispatches
@@ -49,6 +51,7 @@ from ..lowering import add_weight_transfers
 from ..roundrobin_layout import PoolGroups, held_weights, pool_groups
 from ..schedule import Schedule
 from ..simulate import peak_memory, simulated_makespan
+from ..simulate_steady import steady_state
 from . import roundrobin_refine
 from .roundrobin_cut import candidate_cuts, job_costs, with_last
 from .roundrobin_dispatch import SPLITS, JobTimes, list_dispatch, split_parts
@@ -109,14 +112,16 @@ def _parts(groups: PoolGroups, split_job: tuple, num_microbatches: int) -> dict 
 def search(layer_costs: Costs, *, num_devices: int, num_microbatches: int, memory_limit: float | None,
            pinned: PoolGroups | None = None, ahead: int | None = None, weight_transfers: bool = True,
            split_backward: bool | None = False, weight_limit: int | None = None,
-           budget: int | None = None) -> Schedule:
+           budget: int | None = None, objective: str = "makespan") -> Schedule:
     """The fastest (cut, look-ahead) within ``memory_limit`` (see the module docstring): every cut with
     the first look-ahead, the ``FINALISTS`` best cuts also with the others and with the next job's
     recompute filling the current job's waits (``next_ahead``), ranked by the list scheduler's own
     makespan; the best ``FINALISTS`` of all are judged by the simulator, with transfers.
     ``split_backward``: True I/W, False B, None the faster of the two for the winner (module docstring).
-    ``budget``: actions the list scheduler may dispatch (default ``SEARCH_BUDGET``)."""
+    ``budget``: actions the list scheduler may dispatch (default ``SEARCH_BUDGET``).
+    ``objective``: what the simulator judges the finalists by (``OBJECTIVES``)."""
     budget = SEARCH_BUDGET if budget is None else budget
+    judge = objective_judge(objective)
     cuts = [pinned] if pinned is not None else candidate_cuts(layer_costs)
     aheads = AHEADS if ahead is None else (ahead,)
     ranked, smallest_peak, spent = [], None, 0
@@ -226,13 +231,13 @@ def search(layer_costs: Costs, *, num_devices: int, num_microbatches: int, memor
     chosen = ranked[:FINALISTS]  # the simulator (LOAD/STORE costs included) judges them and the best unsplit
     if all(r is not unsplit for r in chosen):
         chosen.append(unsplit)
-    winner, schedule, makespan = _fastest(chosen, weight_transfers)
+    winner, schedule, makespan = _fastest(chosen, weight_transfers, judge)
     if split_backward is None:  # the winner's cut and job split with I and W under every look-ahead; the
         _, order, (_, _, split_job) = winner[:3]  # simulator judges the list scheduler's best of them
         looks = [(a, n) for a in aheads for n in ((0, num_microbatches) if ahead is None else (0,))]
         split = [e for e in (build(order, a, n, split_job, True) for a, n in looks) if e is not None]
         if split:
-            _, split_schedule, split_makespan = _fastest([min(split, key=_rank)], weight_transfers)
+            _, split_schedule, split_makespan = _fastest([min(split, key=_rank)], weight_transfers, judge)
             if split_makespan < makespan - 1e-9:  # B on a tie
                 schedule, makespan = split_schedule, split_makespan
         if budget - spent >= LEFTOVER_SEARCH:  # B finished early: a whole I/W search in what is left
@@ -240,22 +245,37 @@ def search(layer_costs: Costs, *, num_devices: int, num_microbatches: int, memor
                 searched_split = search(layer_costs, num_devices=num_devices, num_microbatches=num_microbatches,
                                         memory_limit=memory_limit, pinned=pinned, ahead=ahead,
                                         weight_transfers=weight_transfers, split_backward=True,
-                                        weight_limit=weight_cap, budget=budget - spent)
+                                        weight_limit=weight_cap, budget=budget - spent, objective=objective)
             except ValueError:  # no cut within the limits under I/W
                 return schedule
-            if simulated_makespan(searched_split, job_costs(layer_costs, pool_groups(searched_split))) \
-                    < makespan - 1e-9:
+            if judge(searched_split, job_costs(layer_costs, pool_groups(searched_split))) < makespan - 1e-9:
                 return searched_split
     return schedule
 
 
-def _fastest(entries: list, weight_transfers: bool) -> tuple:
-    """(entry, schedule, makespan) of the entry the simulator runs fastest, weight transfers inserted
-    (the first on a tie, so the result is deterministic)."""
+def _fastest(entries: list, weight_transfers: bool, judge) -> tuple:
+    """(entry, schedule, time) of the entry the simulator runs fastest by ``judge`` (``OBJECTIVES``), weight
+    transfers inserted (the first on a tie, so the result is deterministic)."""
     schedules = [add_weight_transfers(e[3]) if weight_transfers else e[3] for e in entries]
-    makespan, index = min((simulated_makespan(s, e[4]), i) for i, (s, e) in enumerate(zip(schedules, entries,
-                                                                                             strict=True)))
-    return entries[index], schedules[index], makespan
+    time, index = min((judge(s, e[4]), i) for i, (s, e) in enumerate(zip(schedules, entries, strict=True)))
+    return entries[index], schedules[index], time
+
+
+OBJECTIVES = {
+    "makespan": simulated_makespan,
+    "period": lambda schedule, costs: steady_state(schedule, costs).period,
+}
+"""What the simulator judges the finalists by: one iteration's makespan (our pool executor runs steps one
+after another), or the steady-state period of back-to-back iterations (``simulate_steady``: what an
+asynchronous executor's step takes; a plan whose drain staggers the devices' ends fills the next
+iteration's fill, which a drain dealt over more devices, ``TAIL_SPLITS``, shortens for one iteration)."""
+
+
+def objective_judge(objective: str):
+    """The ``OBJECTIVES`` entry named ``objective``; a ValueError naming the choices otherwise."""
+    if not isinstance(objective, str) or objective not in OBJECTIVES:
+        raise ValueError(f"roundrobin option objective={objective!r}: choose one of {', '.join(OBJECTIVES)}")
+    return OBJECTIVES[objective]
 
 
 GROWN_LAST = (0.125, 0.2, 0.3, 0.4, 0.5, 0.65, 0.8)
