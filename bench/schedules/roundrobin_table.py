@@ -6,11 +6,13 @@ Per model profile (``roundpipe_profiles``), 8 devices and 16 micro-batches (Roun
 setting) and 32: our generator given the per-layer costs (it picks cut, dispatch and B or I/W) against the
 independent RoundPipe reference (``roundpipe_reference``: its rounds, aligned recompute and fused
 head, over its own partitioner's cuts *and* ours, whichever is faster), both judged by the shared
-simulator, single iteration and back to back (``simulate_steady``, async optimizer). Memory: ours is
+simulator, single iteration and back to back (``simulate_steady``, async optimizer: rows placed per
+iteration by a fixed rotation or first free, the shorter period, for both). Memory: ours is
 generated within what RoundPipe's own dispatch holds per device (``rp_memory``: its peak layers of
 weights as ``weight_limit``, its peak activations as ``memory_limit``), so it fits every device budget
 RoundPipe fits; one column lifts the activation limit (RoundPipe's weights only). Lower bound:
-the total work of our schedule / devices. Goal (issue 11): ours/RoundPipe <= 0.95 on every model and a
+the total work of our schedule / devices. One column judges our plan by its steady-state period
+(``objective='period'``) instead. Goal (issue 11): ours/RoundPipe <= 0.95 on every model and a
 steady-state bubble under 3%; rows that miss it are named.
 """
 
@@ -49,6 +51,10 @@ def rows(devices: int = DEVICES, microbatches=MICROBATCHES) -> list[dict]:
             theirs_any = rp.roundpipe(layer_costs, num_devices=devices, num_microbatches=m,
                                       extra_cuts=[pool_groups(ours)])
             theirs_steady = steady_state(theirs_any.schedule, theirs_any.costs)
+            asynchronous = generate("roundrobin", num_ranks=devices, num_microbatches=m, layer_costs=layer_costs,
+                                    objective="period", **limits)
+            asynchronous_steady = steady_state(asynchronous, job_costs(layer_costs, pool_groups(asynchronous)))
+            theirs_period = min(theirs_steady.period, steady_state(theirs.schedule, theirs.costs).period)
             work = sum(s.end - s.start for s in timeline.spans)
             split_span = _makespan_or_none(layer_costs, devices, m, split_backward=True, **limits)
             fused_span = _makespan_or_none(layer_costs, devices, m, split_backward=False, **limits)
@@ -69,6 +75,8 @@ def rows(devices: int = DEVICES, microbatches=MICROBATCHES) -> list[dict]:
                 "ours_bubble": timeline.bubble_rate,
                 "rp_bubble": simulate(theirs_any.schedule, theirs_any.costs).bubble_rate,
                 "ours_steady": ours_steady.steady_bubble, "rp_steady": theirs_steady.steady_bubble,
+                "async": asynchronous_steady.makespan, "async_steady": asynchronous_steady.steady_bubble,
+                "async_period_ratio": asynchronous_steady.period / theirs_period,
                 "seconds": seconds, "split": split_span, "fused": fused_span,
                 "backward": "I/W" if any(a.kind is Kind.W for _, _, a in ours.all_actions()) else "B",
                 "upload_slowdown": in_order.makespan / timeline.makespan,
@@ -134,7 +142,7 @@ def table(found: list[dict]) -> str:
             "steady ours / RP", "ours' backward", "B only / RP", "I/W only / RP", "uploads: in order / stream", "stream steady",
             "peak weights ours / RP (layers)", "peak activations ours / RP (M_B)", "layers uploaded ours / RP",
             "RP's weights only: ours/RP, steady, activations", "no weight limit: ours/RP, peak weights, uploaded",
-            "gen s (CPU)"]
+            "judged by period: ours/RP, steady, period ours/RP", "gen s (CPU)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     misses = []
     for r in found:
@@ -153,6 +161,7 @@ def table(found: list[dict]) -> str:
             f"{r['weights_only'] / r['roundpipe_any_cut']:.3f}, {r['weights_only_steady']:.3f}, "
             f"{r['weights_only_activations']:.2f}",
             f"{r['wide'] / r['roundpipe_any_cut']:.3f}, {r['wide_weights']}, {r['wide_uploads']}",
+            f"{r['async'] / r['roundpipe_any_cut']:.3f}, {r['async_steady']:.3f}, {r['async_period_ratio']:.3f}",
             f"{r['seconds']:.2f}",
         ]) + " |")
     verdict = ("Every row meets the goal (ours/RP <= 0.95, steady bubble < 3%) within RoundPipe's weights and "
@@ -170,6 +179,12 @@ def table(found: list[dict]) -> str:
              if r["weights_only"] / r["roundpipe_any_cut"] > GOAL_RATIO + 1e-9 or r["weights_only_steady"] >= GOAL_STEADY]
     verdict += (" Within RoundPipe's weights only (activations unbounded): "
                 + ("every row meets it." if not loose else "missing on " + "; ".join(loose) + "."))
+    judged = [f"{r['model']} m={r['m']} ({r['async'] / r['roundpipe_any_cut']:.3f}, {r['async_steady']:.3f})"
+              for r in found if r["ours_steady"] >= GOAL_STEADY and r["async_steady"] < GOAL_STEADY
+              and r["async"] / r["roundpipe_any_cut"] <= GOAL_RATIO + 1e-9]
+    if judged:
+        verdict += (" Where only the steady bubble misses, the plan judged by its period (`objective='period'`, "
+                    "RoundPipe's memory) meets both: " + "; ".join(judged) + ".")
     return "\n".join(lines) + "\n\n" + verdict
 
 
@@ -187,7 +202,10 @@ def section() -> str:
         "RoundPipe = the independent reference over its own partitioner's cuts; RP (any cut) = the same "
         "dispatch also given our cut (the ratio uses this stronger one). Bubble = idle share of makespan x "
         "devices; steady = back-to-back iterations (async optimizer; our pool runs steps one after another, "
-        "so this is what an asynchronous executor would reach). Ours' backward: the generator's default "
+        "so this is what an asynchronous executor would reach), each iteration's rows placed on the stateless "
+        "devices by a fixed rotation (every shift) or first free (the rows that start first on the devices that "
+        "end the previous iteration first), whichever period is shorter, for RoundPipe's plan as for ours "
+        "(`simulate_steady`). Ours' backward: the generator's default "
         "runs each gradient job's B as I then W (W deferred into the device's waits) where that simulates "
         "faster, else B; the pool runs both (`bubbleless_runtime.pool_split`). B only = `split_backward=False`, "
         "I/W only = `split_backward=True`. Goal: the ours/bound the 5% goal needs with our cut's work "
@@ -202,7 +220,12 @@ def section() -> str:
         "(RoundPipe: per round). 'no weight limit' = `weight_limit=num_layers` and no activation limit, "
         "where the simulator prefers "
         "a large fused group (little recompute) split over every device, holding most of the model's weights "
-        "on each device. Profiles: bench/schedules/roundpipe_profiles.py (from the shapes, not "
+        "on each device. 'judged by period' = ours generated within RoundPipe's memory with "
+        "`objective='period'`: the search's finalists judged by the steady-state period (an asynchronous "
+        "executor's step) instead of one iteration's makespan (our pool executor's); its period over "
+        "RoundPipe's (the shorter of its plans over its own cuts and over ours). A drain dealt over more "
+        "devices ends one iteration sooner but leaves the devices free at once, where the next iteration's "
+        "fill needs them one forward job apart. Profiles: bench/schedules/roundpipe_profiles.py (from the shapes, not "
         "measured).\n\n" + table(rows())
     )
 
