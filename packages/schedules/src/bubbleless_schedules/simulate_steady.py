@@ -15,8 +15,9 @@ their ranks):
   alone starts their first compute, go to the devices in the order they end iteration k. A fixed
   shift cannot follow which device frees first: that depends on the rows each device ran before, and
   its period stays near the busiest rows' time (issue 11: 1.7B m=16, 285.7 against 275.6 of mean
-  work per device; first free 282.6). Each placement depends only on iterations already run, so an
-  executor can follow it.
+  work per device; first free 282.6). It is an online rule: each device, as it ends iteration k, takes
+  the next row of iteration k + 1 not yet taken, so an executor can follow it without knowing the
+  future.
 
 Our pool executor runs steps one after another and never re-places: these figures are what an
 asynchronous executor would reach.
