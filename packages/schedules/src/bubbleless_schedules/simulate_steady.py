@@ -17,7 +17,9 @@ their ranks):
   its period stays near the busiest rows' time (issue 11: 1.7B m=16, 285.7 against 275.6 of mean
   work per device; first free 282.6). It is an online rule: each device, as it ends iteration k, takes
   the next row of iteration k + 1 not yet taken, so an executor can follow it without knowing the
-  future.
+  future (with ``load_stream``, a device's first LOAD of iteration k + 1 may start before it ends
+  iteration k: it then needs the order in which the devices end it a job ahead, which the simulated
+  plan gives).
 
 Our pool executor runs steps one after another and never re-places: these figures are what an
 asynchronous executor would reach.
