@@ -14,7 +14,10 @@ the list scheduler of ``vshape_greedy`` under several priority rules; each is ti
 costs (per-stage sequences, comm, cheap W) and the fastest kept, ties going to the least idle inside
 the ranks' spans. See ``vshape_greedy`` for why the cap can never deadlock. Below ZB-V's cap the winner
 and the leading candidates then have their cool-downs re-scheduled (``vshape_cooldown``), which meets
-the controllable-memory paper's closed form at unit costs for V-Half and V-Min.
+the controllable-memory paper's closed form at unit costs for V-Half and V-Min. At large shapes under a
+tight cap (p=32, m >= 3p), where the budget allows only a few full tries, the block candidates are ranked
+on a run of 2p micro-batches, extrapolated by the period they settle into, and only the best-ranked is
+run in full (``_ranked_search``).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from ..schedule import Schedule
 from ..simulate import simulate
 from .bounds import v_memory_bound
 from .local_search import adjacent_swaps, independent, schedule_evaluator, schedule_fits, shifts
-from .vshape_blocks import pcm_blocks, stable_block, v_block
+from .vshape_blocks import iter_pcm_blocks, stable_block, steady_peak, v_block
 from .vshape_cooldown import COOL_DOWN, COOL_DOWN_ADMITTING, DEPTHS, recooled
 from .vshape_exact import exact_slot_orders
 from .vshape_greedy import GreedyResult, Policy, v_list_schedule
@@ -193,9 +196,9 @@ def _stable_candidates(p: int, m: int, cap_chunks: float):
     the one with more memory first (less bubble), each with deferred W's filling waits and as is."""
     for kind in ("v-half", "v-min"):
         block = stable_block(p, kind)
-        tokens = _tokens_of_block(p, m, block)
-        if max(_peak_chunks(row) for row in tokens) > cap_chunks + 1e-9:
+        if _block_peak(p, block, m) > cap_chunks + 1e-9:
             continue
+        tokens = _tokens_of_block(p, m, block)
         yield tokens, _POLICIES[0]
         yield tokens, _FIXED_ORDER
 
@@ -206,25 +209,96 @@ def _pcm_candidates(p: int, m: int, cap_chunks: float, labelled: bool = False):
     ``labelled``, only each block with its W's naming their chunk, reordered within 3 and 8 actions
     (early for tight caps, where the paper's search wins with them; last otherwise, so the search budget of
     large shapes is spent on the rest first)."""
+    for block, own in _fitting_pcm_blocks(p, m, cap_chunks):
+        if not labelled:
+            tokens = _tokens_of_block(p, m, block)
+            for policy in _PCM_POLICIES:
+                yield tokens, policy
+                if policy.lookahead > 1 and own < cap_chunks - 1e-9:
+                    yield tokens, replace(policy, lookahead_cap=own)
+        else:  # the block's own W's, reordered as the paper's search does
+            tokens = _tokens_of_block(p, m, block, labelled=True)
+            for policy in _PCM_POLICIES[:2]:
+                yield tokens, _labelled(policy, cap_chunks, own)
+
+
+def _labelled(policy: Policy, cap_chunks: float, own: int) -> Policy:
+    """``policy`` for a block with labelled W's: reordered within the block's own peak (and the cap)."""
+    return replace(policy, lookahead_cap=min(cap_chunks, own))
+
+
+def _fitting_pcm_blocks(p: int, m: int, cap_chunks: float):
+    """(block, its peak at ``m`` micro-batches, at least 2) for the ``_PCM_BLOCKS_TRIED`` shortest PCM blocks
+    whose repeated order fits ``cap_chunks``, and every other block as short as the last of them."""
     tried, last_length = 0, None
-    for block in pcm_blocks(p):
+    for block in iter_pcm_blocks(p):
         length = max(block.values()) + 1
         if tried >= _PCM_BLOCKS_TRIED and length != last_length:
             return  # all blocks as short as the last one tried are tried: their order is arbitrary
-        short = min(m, length // 6 + 2)
-        if max(_peak_chunks(tokens) for tokens in _tokens_of_block(p, short, block)) > cap_chunks + 1e-9:
+        if _block_peak(p, block, min(m, length // 6 + 2)) > cap_chunks + 1e-9:
             continue
-        tokens = _tokens_of_block(p, m, block)
-        own = max(2, max(_peak_chunks(row) for row in tokens))
-        for policy in () if labelled else _PCM_POLICIES:
-            yield tokens, policy
-            if policy.lookahead > 1 and own < cap_chunks - 1e-9:
-                yield tokens, replace(policy, lookahead_cap=own)
-        if labelled:  # the block's own W's, reordered as the paper's search does
-            tokens = _tokens_of_block(p, m, block, labelled=True)
-            for policy in _PCM_POLICIES[:2]:
-                yield tokens, replace(policy, lookahead_cap=min(cap_chunks, own))
+        yield block, max(2, _block_peak(p, block, m))
         tried, last_length = tried + 1, length
+
+
+_RANKED_BUDGET = 175_000
+"""Actions ``_ranked_search`` and the cool-down's one try may schedule together: two full runs (the best-
+ranked, then its cool-down) and as many short runs as the rest allows. At p=32 that is 6 short runs at
+m=256 (the search about 0.65 s of the whole generation's 0.9 s), 10 at m=128 and 11 at m=97."""
+
+
+def _ranks_candidates(p: int, m: int, cap_chunks: float) -> bool:
+    """Whether the search ranks block candidates on a short run (``_ranked_search``) instead of timing
+    them in full: tight caps (as in ``_candidates``) at shapes whose search budget allows only a few full
+    tries (above ``_MIN_TRIES_UP_TO`` actions), with m >= 3p so the short run is at most 2/3 of a full one."""
+    return cap_chunks < p + 2 and 6 * p * m > _MIN_TRIES_UP_TO and m >= 3 * p
+
+
+def _ranked_recipes(p: int, m: int, cap_chunks: float):
+    """(block, labelled, policy) in the order ``_ranked_search`` ranks them: the published greedy's stable
+    V-Half / V-Min patterns as fixed orders where they fit, then the PCM blocks shortest first, their W's
+    labelled, reordered within 3 actions (the paper's reorder under real costs): of our candidates timed in
+    full at p=32 m=256, the fastest in five of the seven profiles of bench/results/large_shapes.md (1.5B's was
+    an unlabelled block, 0.02% faster; B-heavy's the stable pattern)."""
+    for kind in ("v-half", "v-min"):
+        block = stable_block(p, kind)
+        if _block_peak(p, block, m) <= cap_chunks + 1e-9:
+            yield block, False, _FIXED_ORDER
+    for block, own in _fitting_pcm_blocks(p, m, cap_chunks):
+        yield block, True, _labelled(_PCM_POLICIES[0], cap_chunks, own)
+
+
+def _extrapolated(short: GreedyResult, m: int) -> float:
+    """The makespan ``short`` (a run of fewer micro-batches) predicts for ``m``: a repeated block settles
+    into a period, read off the pace of the second half's admissions, so m - len(short.admitted) more
+    micro-batches add that many periods to the same warm-up and cool-down."""
+    admitted = short.admitted
+    half = len(admitted) // 2
+    pace = (admitted[-1] - admitted[half]) / (len(admitted) - 1 - half)
+    return short.makespan + (m - len(admitted)) * pace
+
+
+def _ranked_search(p: int, m: int, costs: Costs, cap_chunks: float, input_grad_frees: float) -> GreedyResult:
+    """The block candidates of ``_ranked_recipes`` run for 2p micro-batches (as many as ``_RANKED_BUDGET``
+    allows), ranked by the makespan each predicts for ``m`` (``_extrapolated``); the best-ranked that fits
+    is run in full. At p=32 m=256 a full try costs four short ones, and the budget allows two to four full
+    tries, too few to reach the blocks that win there (comm-heavy: 1626.5 with the first two candidates, the
+    stable pattern's; 1542.5 with the fifth-shortest fitting block; bench/results/large_shapes.md)."""
+    short = max(2 * p, 4)  # at least 4: the pace needs two admissions in the second half
+    ranked = []
+    runs = max(1, (_RANKED_BUDGET - 2 * 6 * p * m) // (6 * p * short))
+    for recipe in islice(_ranked_recipes(p, m, cap_chunks), runs):
+        block, labelled, policy = recipe
+        scripts = _tokens_of_block(p, short, block, labelled)
+        result = v_list_schedule(p, short, costs, cap_chunks, policy, input_grad_frees, scripts)
+        if result is not None and result.peak_chunks <= cap_chunks + 1e-9:
+            ranked.append((_extrapolated(result, m), len(ranked), recipe))
+    for _, _, (block, labelled, policy) in sorted(ranked, key=lambda item: item[:2]):
+        scripts = _tokens_of_block(p, m, block, labelled)
+        result = v_list_schedule(p, m, costs, cap_chunks, policy, input_grad_frees, scripts)
+        if result is not None and result.peak_chunks <= cap_chunks + 1e-9:
+            return result
+    return v_list_schedule(p, m, costs, cap_chunks, _POLICIES[0], input_grad_frees)  # always finishes
 
 
 def _block_candidate(p: int, m: int, cap_chunks: float):
@@ -265,6 +339,15 @@ def _tokens_of_block(p: int, m: int, block: dict, labelled: bool = False) -> lis
     return [[row[slot] for slot in sorted(row)] for row in by_slot]
 
 
+def _block_peak(p: int, block: dict, m: int) -> int:
+    """The most chunk activations a rank holds in the block's order repeated for ``m`` micro-batches: the
+    steady state's from ``length // 6 + 2`` on (``vshape_blocks.steady_peak``, no order built: the search
+    checks hundreds of blocks at p=32), the order's own count below."""
+    if m >= (max(block.values()) + 1) // 6 + 2:
+        return steady_peak(p, block)
+    return max(_peak_chunks(row) for row in _tokens_of_block(p, m, block))
+
+
 _CHUNKS_HELD = {"F0": 1, "F1": 1, "I0": 0, "I1": 0, "W": -1, "W0": -1, "W1": -1}
 """What each script token adds to a rank's chunk activations (I frees nothing: an upper bound)."""
 
@@ -292,7 +375,10 @@ def search_v_schedule(
     if cap_chunks >= 2 * p - 1e-9:  # the published ZB-V order, timed with the true costs: see _FIXED_ORDERS_UP_TO
         formatted = _fixed_result(p, m, [zbv_formatted(r, p, m) for r in range(p)], costs, input_grad_frees)
         spent += per_try if per_try > _FIXED_ORDERS_UP_TO else 0
-    for scripts, policy in _candidates(p, m, cap_chunks):
+    if _ranks_candidates(p, m, cap_chunks):
+        leaders.append(_ranked_search(p, m, costs, cap_chunks, input_grad_frees))
+        best = leaders[0]
+    for scripts, policy in () if best is not None else _candidates(p, m, cap_chunks):
         result = v_list_schedule(p, m, costs, cap_chunks, policy, input_grad_frees, scripts)
         spent += per_try
         if result is not None and result.peak_chunks <= cap_chunks + 1e-9:

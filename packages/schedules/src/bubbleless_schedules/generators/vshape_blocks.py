@@ -82,25 +82,37 @@ def pcm_block(num_ranks: int, residues: tuple[int, int, int], steps: tuple[int, 
     of its residue after its inputs and each W the first residue still free after its input-gradient.
     Returns ``{(kind, stage): slot}`` like ``v_block``."""
     p = num_ranks
-    step = [0] + [steps[0] if r <= split else steps[1] for r in range(1, p)]
-    down = [0] * p  # first-chunk forward of rank r
-    for r in range(1, p):
-        down[r] = down[r - 1] + step[r]
+    down, gaps = _descending(p, steps, split)  # first-chunk forward of rank r; (down[r] + r) % 6 over r
     up_last = _next_with_residue(down[-1] + p, residues[0]) - (p - 1)  # rank p-1's second-chunk forward
-    grad_down = [_next_with_residue(up_last + p, residues[1])]  # second-chunk input-gradient, rank 0 first
-    for r in range(1, p):
-        grad_down.append(grad_down[-1] + step[r])
-    grad_up_last = _next_with_residue(grad_down[-1] + p, residues[2]) - (p - 1)
+    grad_first = _next_with_residue(up_last + p, residues[1])  # rank 0's second-chunk input-gradient
+    grad_up_last = _next_with_residue(grad_first + down[-1] + p, residues[2]) - (p - 1)
+    # A rank's four passes collide when two share a residue. First-chunk forward and second-chunk
+    # input-gradient differ by grad_first on every rank, the ascending pair by grad_up_last - up_last;
+    # an ascending pass (c + p - 1 - r) meets a descending one (down[r] or grad_first + down[r]) exactly
+    # when its offset is in ``gaps``: checked per block in O(1), before any W is placed.
+    up, grad_up = up_last + p - 1, grad_up_last + p - 1
+    if grad_first % 6 == 0 or (grad_up_last - up_last) % 6 == 0:
+        return None
+    if {up % 6, grad_up % 6, (up - grad_first) % 6, (grad_up - grad_first) % 6} & gaps:
+        return None
     times: dict[tuple[Kind, int], int] = {}
-    for r in range(p):
-        f0, f1, i1, i0 = down[r], up_last + p - 1 - r, grad_down[r], grad_up_last + p - 1 - r
+    for r in range(p):  # the second-chunk input-gradient moves down the ranks as the forwards do
+        f0, f1, i1, i0 = down[r], up_last + p - 1 - r, grad_first + down[r], grad_up_last + p - 1 - r
         taken = {f0 % 6, f1 % 6, i1 % 6, i0 % 6}
-        if len(taken) < 4:
-            return None
         s0, s1 = r, 2 * p - 1 - r
         times[(Kind.F, s0)], times[(Kind.F, s1)], times[(Kind.I, s1)], times[(Kind.I, s0)] = f0, f1, i1, i0
         _place_weight_grads(times, taken, ((s1, i1), (s0, i0)))
     return times
+
+
+@lru_cache(maxsize=1024)
+def _descending(p: int, steps: tuple[int, int], split: int) -> tuple[tuple[int, ...], frozenset[int]]:
+    """First-chunk forward slot of each rank (``steps[0]`` per rank for the first ``split`` steps, then
+    ``steps[1]``), and the residues of (slot + rank) modulo 6 over the ranks."""
+    down = [0] * p
+    for r in range(1, p):
+        down[r] = down[r - 1] + (steps[0] if r <= split else steps[1])
+    return tuple(down), frozenset((d + r) % 6 for r, d in enumerate(down))
 
 
 def pcm_blocks(num_ranks: int, max_split_values: int = 8) -> list[dict[tuple[Kind, int], int]]:
@@ -108,7 +120,14 @@ def pcm_blocks(num_ranks: int, max_split_values: int = 8) -> list[dict[tuple[Kin
 
     The 60 residue patterns x steps in 1..5 x split points; above ``max_split_values`` split points
     (p > 9) only that many evenly spread ones are tried, which bounds the enumeration at large p."""
-    return [dict(zip(_keys(num_ranks), block, strict=True)) for block in _pcm_blocks(num_ranks, max_split_values)]
+    return list(iter_pcm_blocks(num_ranks, max_split_values))
+
+
+def iter_pcm_blocks(num_ranks: int, max_split_values: int = 8):
+    """``pcm_blocks`` one at a time: a search that stops after the shortest few builds only those."""
+    keys = _keys(num_ranks)
+    for block in _pcm_blocks(num_ranks, max_split_values):
+        yield dict(zip(keys, block, strict=True))
 
 
 def _keys(p: int) -> list[tuple[Kind, int]]:
@@ -162,3 +181,20 @@ def _place_weight_grads(times: dict, taken: set[int], after_input_grads) -> None
             t += 1
         taken.add(t % 6)
         times[(Kind.W, stage)] = t
+
+
+def steady_peak(num_ranks: int, block: dict[tuple[Kind, int], int]) -> int:
+    """The most chunk activations a rank holds while ``block`` repeats every 6 slots without end (each F
+    holds one until its stage's W): at slot t a chunk holds the micro-batches k with F + 6k <= t < W + 6k,
+    and the count depends on t modulo 6 only.
+
+    It bounds the peak of any finite repetition from above (those micro-batches are a subset) and equals
+    that of one of at least ``length // 6 + 2`` micro-batches (``length`` = last slot + 1): at the first F
+    slot at or after ``length`` every micro-batch a chunk holds has an index in 0..length // 6 + 1."""
+    p = num_ranks
+    worst = 0
+    for r in range(p):
+        spans = [(block[(Kind.F, s)], block[(Kind.W, s)]) for s in (r, 2 * p - 1 - r)]
+        for t in range(6):
+            worst = max(worst, sum((t - f) // 6 - (t - w) // 6 for f, w in spans))
+    return worst

@@ -67,6 +67,9 @@ class GreedyResult:
     span_sum: float
     """Sum over ranks of (last end - first start): smaller means less idle inside the ranks' spans."""
     peak_chunks: float
+    admitted: tuple[float, ...] = ()
+    """End of each micro-batch's first forward (stage 0), in micro-batch order: the steady state's pace
+    (``vshape`` reads a short run's period off it to rank candidates for large shapes)."""
 
 
 def _stage_rank(stage: int, p: int) -> int:
@@ -132,6 +135,7 @@ def v_list_schedule(
     events = [(0.0, r) for r in range(p)]
     heapq.heapify(events)
     eps = 1e-12
+    inf = float("inf")
     scripts = [deque(s) for s in scripts] if scripts is not None else [deque() for _ in range(p)]
     g = input_grad_frees
 
@@ -201,8 +205,8 @@ def v_list_schedule(
             if pending_of[r][1]:
                 cand["W1"] = now
         horizon = now + eps
-        ready = {key for key, t in cand.items() if t <= horizon}  # membership is all it is asked
-        order = w_first_order if "W" in ready and held[r] >= w_first_at else plain_order
+        get = cand.get  # a key is ready when get(key, inf) <= horizon ("W" whenever it is a key)
+        order = w_first_order if "W" in cand and held[r] >= w_first_at else plain_order
         if script:
             if script[0][0] == "W" and script[0] not in cand:
                 script.popleft()  # its W was already run to fill a gap
@@ -210,7 +214,8 @@ def v_list_schedule(
                 continue
             head = script[0]
             choice = None
-            if head in ready and (lookahead == 1 or head[0] != "F" or held[r] + 1 <= room_ahead):
+            head_ready = get(head, inf) <= horizon
+            if head_ready and (lookahead == 1 or head[0] != "F" or held[r] + 1 <= room_ahead):
                 choice = script.popleft()
             elif lookahead > 1:
                 seen = {head}
@@ -219,12 +224,12 @@ def v_list_schedule(
                     if token in seen:
                         continue
                     seen.add(token)
-                    if token in ready and (token[0] != "F" or held[r] + 1 <= room_ahead):
+                    if get(token, inf) <= horizon and (token[0] != "F" or held[r] + 1 <= room_ahead):
                         choice = token
                         del script[j]
                         break
-            blocked = head in ready and choice is None  # a forward held back by the memory cap
-            if choice is None and "W" in ready and (fill_w or blocked):
+            blocked = head_ready and choice is None  # a forward held back by the memory cap
+            if choice is None and "W" in cand and (fill_w or blocked):
                 choice = "W"  # fill the wait for the script's next action with a deferred W
             elif choice is None:
                 if head in cand and cand[head] > now + eps:
@@ -235,7 +240,7 @@ def v_list_schedule(
         else:
             choice = None
             for key in order:
-                if key in ready:
+                if get(key, inf) <= horizon:
                     choice = key
                     break
         if patience > 0 and choice in ("W", "F0") and not script:
@@ -300,4 +305,4 @@ def v_list_schedule(
         remaining -= 1
         push(events, (end, r))
     span_sum = sum(free_at[r] - first_start[r] for r in range(p))
-    return GreedyResult(tuple(tuple(a) for a in out), makespan, span_sum, max(peak))
+    return GreedyResult(tuple(tuple(a) for a in out), makespan, span_sum, max(peak), tuple(f_done[0]))
