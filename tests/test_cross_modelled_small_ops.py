@@ -107,9 +107,10 @@ def test_cross_small_ops_refuse_bad_rates_and_round_trip(tmp_path):
     assert loaded.for_dtype("bf16").small_ops == OPS  # the dtype view keeps them
 
 
-def test_cross_small_ops_remeasuring_the_cpu_keeps_the_framework_costs(tmp_path, monkeypatch):
-    """`model.py --measure-cpu` rewrites cpu_ops.yaml; the `framework` entry comes from its own command and
-    must survive (else the baselines' host work would silently price at zero)."""
+def test_cross_small_ops_remeasuring_the_cpu_keeps_the_framework_and_split_costs(tmp_path, monkeypatch):
+    """`model.py --measure-cpu` rewrites cpu_ops.yaml; the `framework` and `split_backward` entries come from
+    their own commands and must survive (else the baselines' host work and the split would silently price
+    at zero and at no extra cost)."""
     import yaml
 
     from bench.modelled import cpu_profile
@@ -117,12 +118,14 @@ def test_cross_small_ops_remeasuring_the_cpu_keeps_the_framework_costs(tmp_path,
     hw_path = tmp_path / "cpu.yaml"
     measured = with_small_ops(HARDWARE["rtx4090"], OPS)
     monkeypatch.setattr(cpu_profile, "measure_cpu", lambda: measured)
-    framework = yaml.safe_load((ROOT / "bench/modelled/cpu_ops.yaml").read_text())["framework"]
-    ops_path(hw_path).write_text(yaml.safe_dump({**small_ops_to_dict(OPS), "framework": framework}))
+    stored = yaml.safe_load((ROOT / "bench/modelled/cpu_ops.yaml").read_text())
+    kept = {"framework": stored["framework"], "split_backward": stored["split_backward"]}
+    ops_path(hw_path).write_text(yaml.safe_dump({**small_ops_to_dict(OPS), **kept}))
     cpu_profile.write_cpu_profile(hw_path)
     rewritten = yaml.safe_load(ops_path(hw_path).read_text())
-    assert rewritten["framework"] == framework
-    assert load_cpu_profile(hw_path).framework is not None
+    assert {k: rewritten[k] for k in kept} == kept
+    loaded = load_cpu_profile(hw_path)
+    assert loaded.framework is not None and loaded.split_backward is not None
 
 
 def test_cross_small_ops_measure_positive_rates_at_a_small_size():

@@ -111,6 +111,10 @@ def _adam_rate(torch, adam_params: int, *, fused: bool) -> float:
     return round(adam_params / median_thread_seconds(optimizer.step, repeats=3), -3)
 
 
+MEASURED_ELSEWHERE = ("framework", "split_backward")
+"""Entries of the ops file that ``--measure-cpu`` does not measure, so it keeps them as they were."""
+
+
 def write_cpu_profile(path: str | Path = DEFAULT_PATH) -> Hardware:
     """Measure, then write the profile at ``path`` and its small-op rates beside it (``cpu_ops.ops_path``)."""
     import yaml
@@ -124,8 +128,9 @@ def write_cpu_profile(path: str | Path = DEFAULT_PATH) -> Hardware:
     beside = ops_path(path)
     data = small_ops_to_dict(hw.small_ops)
     previous = yaml.safe_load(beside.read_text()) if beside.exists() else None
-    if isinstance(previous, dict) and "framework" in previous:
-        # the frameworks' host work is measured by its own command (bench.modelled.framework_ops): keep it
-        data["framework"] = previous["framework"]
+    # entries measured by their own commands (bench.modelled.framework_ops, bench.modelled.split_ops): keep them
+    for entry in MEASURED_ELSEWHERE:
+        if isinstance(previous, dict) and entry in previous:
+            data[entry] = previous[entry]
     beside.write_text(yaml.safe_dump(data, sort_keys=False, width=110))
     return hw
