@@ -169,7 +169,7 @@ class RoundRobinPipeline:
                 self.layers, sample_input, self.devices[0], self.precisions)
             if self.profile.num_layers != num_layers:
                 raise ValueError(f"the profile has {self.profile.num_layers} layers but the model has {num_layers}")
-            bandwidth = pool_plan.copy_bandwidth(self.devices[0])
+            bandwidth = pool_plan.copy_bandwidth_of(self.profile, self.devices[0])
             # auto_groups holds the plan to 2 x cap = the budget, over the walk check_fits makes below
             cap = None if self.memory_budget is None else self.memory_budget / 2
             groups, generated, self.stage_costs = pool_plan.auto_groups(

@@ -6,7 +6,9 @@
 - a ``PoolGroups`` (forward groups, the fused last group, backward groups, in layer counts);
 - a ``bubbleless_partition.Partition`` made by ``cut(method="roundrobin")``, whose two groupings both
   end with the fused group (``groups_from_partition`` is the one place that converts);
-- a ``bubbleless_partition.Profile`` (measured elsewhere, or analytic): cut here, as for ``"auto"``;
+- a ``bubbleless_partition.Profile`` (measured elsewhere, or analytic): cut here, as for ``"auto"``, with
+  LOAD/STORE priced at the copy bandwidth measured with it (``COPY_BANDWIDTH``: ``profile_layers`` records
+  it, so ``pipe.profile`` passed back plans on the same figures), measured again where it has none;
 - ``"auto"``: profile the layers on ``sample_input`` and cut. Every count of backward groups from 1 to
   ``3 x devices`` is cut (min-max job times, ``bubbleless_partition``), dispatched, and simulated under
   the profiled per-job costs; the fastest plan is kept (balance is a proxy, the simulated step the goal).
@@ -33,7 +35,14 @@ from bubbleless_schedules.roundrobin_layout import PoolGroups, pool_groups
 from .arguments import check_microbatches
 from .auto_partition import measure
 from .pool_kept import with_kept_until_w
-from .pool_plan_cap import fits, generated_within, leanest_generated, plan_peak_bytes
+from .pool_plan_cap import (
+    AskedOnce,
+    fits,
+    generated_within,
+    generator_asked,
+    leanest_generated,
+    plan_peak_bytes,
+)
 from .pool_plan_refusal import no_plan_fits
 from .pool_precision import PRECISIONS, bounded_over_precisions
 
@@ -83,6 +92,20 @@ def job_costs(profile: Profile, groups: PoolGroups, *, bandwidth: float | None) 
         store.append(seconds if role != "forward" else 0.0)
     return Costs(tuple(forward), tuple(back_in), tuple(back_w), 0.0, recompute=tuple(recompute),
                  load=tuple(load), store=tuple(store))
+
+
+COPY_BANDWIDTH = "copy_bandwidth_gb_s"
+"""``Profile.extra`` key: the host -> device copy bandwidth (GB/s) ``profile_layers`` measured with the timings,
+what the plan prices LOAD/STORE with (``copy_bandwidth_of``)."""
+
+
+def copy_bandwidth_of(profile: Profile, device: torch.device) -> float:
+    """The copy bandwidth (GB/s) a plan on ``profile`` prices LOAD/STORE with: the one measured with its
+    timings (``extra[COPY_BANDWIDTH]``, ``profile_layers``), so that a profile passed back as ``partition=``
+    plans on the same figures as the build that measured it (``pool_plan_refusal.SAME_TIMINGS``); measured
+    on ``device`` now for a profile without it (analytic, or measured elsewhere)."""
+    recorded = profile.extra.get(COPY_BANDWIDTH)
+    return copy_bandwidth(device) if recorded is None else float(recorded)
 
 
 def copy_bandwidth(device: torch.device, nbytes: int = 1 << 24) -> float:
@@ -139,7 +162,8 @@ def auto_groups(profile: Profile, *, num_devices: int, num_microbatches: int, na
     ``input_bytes`` of the caller's micro-batch at layer 0). When none does, the ValueError gives the
     leanest ``memory_budget`` (= 2 x cap) at which this search finds a plan (``pool_plan_refusal``)."""
     search = dict(num_devices=num_devices, num_microbatches=num_microbatches, name=name, options=options,
-                  bandwidth=bandwidth, input_bytes=input_bytes)
+                  bandwidth=bandwidth, input_bytes=input_bytes,
+                  asked=_Asked.of(profile, name, options, num_devices, num_microbatches, bandwidth))
     device_budget = None if memory_cap is None else 2 * memory_cap
     found = _fastest_within(profile, device_budget, **search)
     if found.best is not None:
@@ -149,6 +173,30 @@ def auto_groups(profile: Profile, *, num_devices: int, num_microbatches: int, na
         pinned={k: options[k] for k in sorted(_LAYER_COST_OPTIONS & set(options))} if found.pinned else {},
         candidates=_candidate_peaks(profile, found, **search),
         accepts=lambda budget: _fastest_within(profile, budget, **search).best is not None)
+
+
+@dataclass(frozen=True)
+class _Asked:
+    """The generators of one ``auto_groups`` call, each question asked once (``pool_plan_cap.AskedOnce``):
+    its refusal searches again under larger budgets and lists the leanest plans, asking much the same.
+    ``dispatch(groups=...)``: a DP cut's schedule (``generate_pool`` under ``dp_cut_options``);
+    ``generator``: the layer-cost generator's plans (``generator_asked``)."""
+
+    dispatch: AskedOnce
+    generator: AskedOnce
+
+    @staticmethod
+    def of(profile: Profile, name: str, options: dict, num_devices: int, num_microbatches: int,
+           bandwidth: float | None) -> _Asked:
+        cut_options = dp_cut_options(name, options, profile, bandwidth=bandwidth)
+
+        def dispatch(groups: PoolGroups) -> Schedule:
+            return generate_pool(name, groups, num_layers=profile.num_layers, num_devices=num_devices,
+                                 num_microbatches=num_microbatches, costs=job_costs(profile, groups, bandwidth=bandwidth),
+                                 options=cut_options)
+
+        layer_costs = layer_costs_of(profile, bandwidth=bandwidth)
+        return _Asked(AskedOnce(dispatch), generator_asked(layer_costs, num_devices, num_microbatches))
 
 
 @dataclass
@@ -165,7 +213,7 @@ class _Search:
 
 
 def _fastest_within(profile: Profile, device_budget: float | None, *, num_devices: int, num_microbatches: int,
-                    name: str, options: dict, bandwidth: float | None, input_bytes: float) -> _Search:
+                    name: str, options: dict, bandwidth: float | None, input_bytes: float, asked: _Asked) -> _Search:
     cut_options = dp_cut_options(name, options, profile, bandwidth=bandwidth)
     found = _Search(pinned=cut_options is not options)
     memory_cap = None if device_budget is None else device_budget / 2
@@ -186,7 +234,7 @@ def _fastest_within(profile: Profile, device_budget: float | None, *, num_device
             found.refused_counts.append(count)
             continue
         try:
-            schedule = _dispatched(profile, partition, name, num_devices, num_microbatches, bandwidth, cut_options)
+            schedule = asked.dispatch(groups=groups_from_partition(partition))
         except ValueError as error:  # a pinned option no dispatch of this cut meets (weight_limit)
             if cut_options is options:
                 raise
@@ -200,7 +248,7 @@ def _fastest_within(profile: Profile, device_budget: float | None, *, num_device
         try:
             generated = generated_within(profile, device_budget, layer_costs=layer_costs_of(profile, bandwidth=bandwidth),
                                          num_devices=num_devices, num_microbatches=num_microbatches, options=options,
-                                         input_bytes=input_bytes)
+                                         input_bytes=input_bytes, asked=asked.generator)
         except ValueError:  # its own cuts miss a pinned option (weight_limit): a DP cut's plan may meet it
             if found.best is None:
                 raise
@@ -210,24 +258,17 @@ def _fastest_within(profile: Profile, device_budget: float | None, *, num_device
     return found
 
 
-def _dispatched(profile, partition, name, num_devices, num_microbatches, bandwidth, cut_options) -> Schedule:
-    groups = groups_from_partition(partition)
-    return generate_pool(name, groups, num_layers=profile.num_layers, num_devices=num_devices,
-                         num_microbatches=num_microbatches, costs=job_costs(profile, groups, bandwidth=bandwidth),
-                         options=cut_options)
-
-
 def _candidate_peaks(profile: Profile, found: _Search, *, num_devices: int, num_microbatches: int, name: str,
-                     options: dict, bandwidth: float | None, input_bytes: float) -> list[tuple[float, str]]:
+                     options: dict, bandwidth: float | None, input_bytes: float,
+                     asked: _Asked) -> list[tuple[float, str]]:
     """(peak bytes on the fullest device, what plan) of each plan a larger budget could let through: the
     DP cuts over the budget, those ``cut()`` refused under the cap cut without it, and for ``roundrobin``
     the generator's own and leanest plans (``leanest_generated``)."""
-    cut_options = dp_cut_options(name, options, profile, bandwidth=bandwidth)
     candidates = [(peak, f"the cut into {count} backward groups") for peak, count in found.over]
     for count in found.refused_counts:
         try:
             partition = cut(profile, num_stages=count, method="roundrobin", num_microbatches=num_microbatches)
-            schedule = _dispatched(profile, partition, name, num_devices, num_microbatches, bandwidth, cut_options)
+            schedule = asked.dispatch(groups=groups_from_partition(partition))
         except ValueError:
             continue
         candidates.append((max(plan_peak_bytes(schedule, profile, input_bytes)),
@@ -235,15 +276,15 @@ def _candidate_peaks(profile: Profile, found: _Search, *, num_devices: int, num_
     if name == "roundrobin" and not _CUT_OPTIONS & set(options):
         candidates += leanest_generated(profile, layer_costs=layer_costs_of(profile, bandwidth=bandwidth),
                                         num_devices=num_devices, num_microbatches=num_microbatches, options=options,
-                                        input_bytes=input_bytes)
+                                        input_bytes=input_bytes, asked=asked.generator)
     return candidates
 
 
 def profile_layers(layers, sample_input, device: torch.device, precisions: tuple = PRECISIONS) -> Profile:
     """The layers timed on ``device`` (the pool's first) on one micro-batch, their bytes at the most any of
-    ``precisions`` a step may run in keeps (``pool_precision``: the caller's autocast is known only at ``step``).
-    The model is in host memory and need not fit on the device: each layer is copied there in turn
-    (``OneLayerOnDevice``)."""
+    ``precisions`` a step may run in keeps (``pool_precision``: the caller's autocast is known only at ``step``),
+    and the host -> device copy bandwidth (``extra[COPY_BANDWIDTH]``). The model is in host memory and need
+    not fit on the device: each layer is copied there in turn (``OneLayerOnDevice``)."""
     if sample_input is None:
         raise ValueError(
             "partition='auto' profiles the layers on one micro-batch: pass sample_input= (e.g. "
@@ -253,7 +294,8 @@ def profile_layers(layers, sample_input, device: torch.device, precisions: tuple
     on_device = [OneLayerOnDevice(layer, device, slot) for layer in layers]
     measured = measure(on_device, sample_input, device=device)
     bounded = bounded_over_precisions(measured, on_device, sample_input, device, precisions)
-    return with_kept_until_w(bounded, on_device, sample_input, device, precisions)
+    kept = with_kept_until_w(bounded, on_device, sample_input, device, precisions)
+    return kept.with_(extra={**kept.extra, COPY_BANDWIDTH: copy_bandwidth(device)})
 
 
 class OneLayerOnDevice(nn.Module):
@@ -303,5 +345,6 @@ def check_schedule(schedule: Schedule, *, num_layers: int, num_devices: int, num
     return schedule
 
 
-__all__ = ["LayerCost", "OneLayerOnDevice", "auto_groups", "layer_costs_of", "check_schedule", "copy_bandwidth", "generate_pool", "groups_from_partition",
+__all__ = ["COPY_BANDWIDTH", "LayerCost", "OneLayerOnDevice", "auto_groups", "layer_costs_of", "check_schedule",
+           "copy_bandwidth", "copy_bandwidth_of", "generate_pool", "groups_from_partition",
            "job_costs", "plan_peak_bytes", "profile_layers"]

@@ -163,7 +163,8 @@ no W deferred past its I, and both."""
 
 
 def generated_within(profile: Profile, device_budget: float | None, *, layer_costs, num_devices: int,
-                     num_microbatches: int, options: dict, input_bytes: float = 0.0) -> list[Schedule]:
+                     num_microbatches: int, options: dict, input_bytes: float = 0.0,
+                     asked: AskedOnce | None = None) -> list[Schedule]:
     """Plans of ``generate("roundrobin", layer_costs=...)`` that keep every device within ``device_budget``
     bytes (``plan_peak_bytes``); the caller simulates them and keeps the fastest. Without a budget, or
     with ``weight_limit`` in ``options``, the generator's own plan (none if over the budget; its
@@ -180,21 +181,20 @@ def generated_within(profile: Profile, device_budget: float | None, *, layer_cos
     limit can land a slower plan (8x A800 Qwen3-1.7B, measured at 5d04131: 847 ms with 30 layers, 769 ms
     at its own 15), and a fuller dispatch at a smaller limit can beat the leanest at the widest (8x RTX
     4090 Llama-3.1-8B: 6,002 ms against 6,096), so the simulator judges every one of them. The last
-    item is the one candidate there was before the others: the list is never without it."""
-    plans: dict = {}
+    item is the one candidate there was before the others: the list is never without it.
+
+    ``asked``: the generator's answers so far (``generator_asked`` of the same costs and pool), shared by
+    the searches of one plan; default a fresh one."""
+    asked = generator_asked(layer_costs, num_devices, num_microbatches) if asked is None else asked
 
     def attempt(**extra) -> Schedule | None:
-        key = tuple(sorted(extra.items()))
-        if key not in plans:
-            plans[key] = _generator_plan(layer_costs, num_devices, num_microbatches, {**options, **extra})
-        return plans[key]
+        return _plan_or_none(asked, {**options, **extra})
 
     def fitting(schedule: Schedule) -> bool:
         return fits(schedule, profile, device_budget, input_bytes)
 
     if device_budget is None or "weight_limit" in options:  # the options' own errors are the caller's
-        schedule = generate("roundrobin", num_ranks=num_devices, num_microbatches=num_microbatches,
-                            layer_costs=layer_costs, **options)
+        schedule = asked(**options)
         return [schedule] if fitting(schedule) else []
     most = most_layers_within(profile, device_budget)
     if most < 1:
@@ -226,7 +226,7 @@ def generated_within(profile: Profile, device_budget: float | None, *, layer_cos
 
 
 def leanest_generated(profile: Profile, *, layer_costs, num_devices: int, num_microbatches: int, options: dict,
-                      input_bytes: float = 0.0) -> list[tuple[float, str]]:
+                      input_bytes: float = 0.0, asked: AskedOnce | None = None) -> list[tuple[float, str]]:
     """For a refusal (``pool_plan_refusal``): (peak bytes on the fullest device, what plan) of the generator's
     own plan and, for its own dispatch and each ``LEANER`` one the options leave free, its leanest plans:
     those of the smallest ``weight_limit`` it plans at (``smallest_planned``) and the limits above it while
@@ -235,12 +235,14 @@ def leanest_generated(profile: Profile, *, layer_costs, num_devices: int, num_mi
     149,760 at 3, 102,144 at 5). Every limit of every dispatch was asked for before: 128 searches, 140 s
     on a 32-layer profile over 4 devices at 16 micro-batches, where planning took 1.4-2.5 s; a few a
     dispatch now (about 2 log2 layers + ``FALLING_STEPS``), and none for a dispatch without W of
-    its own (``split_backward=False`` gives the same plans there)."""
+    its own (``split_backward=False`` gives the same plans there). ``asked``: as ``generated_within``'s."""
+    asked = generator_asked(layer_costs, num_devices, num_microbatches) if asked is None else asked
+
     def peak(schedule: Schedule) -> float:
         return max(plan_peak_bytes(schedule, profile, input_bytes))
 
     def plan(**extra) -> Schedule | None:
-        return _generator_plan(layer_costs, num_devices, num_microbatches, {**options, **extra})
+        return _plan_or_none(asked, {**options, **extra})
 
     found = []
     own = plan()
@@ -265,12 +267,41 @@ def leanest_generated(profile: Profile, *, layer_costs, num_devices: int, num_mi
     return found
 
 
-def _generator_plan(layer_costs, num_devices: int, num_microbatches: int, options: dict) -> Schedule | None:
-    """``generate("roundrobin", layer_costs=...)`` with ``options``; None when no cut keeps within their
-    weight limit (a smaller limit finds none either)."""
+class AskedOnce:
+    """A generator asked each question once: ``asked(**options)`` calls ``ask(**options)`` the first time
+    and gives its schedule again (or raises its ValueError again) for the same options after. The searches of
+    one plan ask many of the same (the refusal's re-searches under larger budgets and its leanest plans: 24
+    of 51 generator searches on the tiny test profile's refusal). ``ask`` must be a pure function of the
+    options (the generators are), so an answer kept is the answer it would give."""
+
+    def __init__(self, ask) -> None:
+        self._ask = ask
+        self._answers: dict = {}
+
+    def __call__(self, **options) -> Schedule:
+        key = repr(sorted(options.items()))  # repr: an option's value need not be hashable (a list)
+        if key not in self._answers:
+            try:
+                self._answers[key] = self._ask(**options)
+            except ValueError as error:
+                self._answers[key] = error
+        answer = self._answers[key]
+        if isinstance(answer, ValueError):
+            raise answer.with_traceback(None)
+        return answer
+
+
+def generator_asked(layer_costs, num_devices: int, num_microbatches: int) -> AskedOnce:
+    """``generate("roundrobin", layer_costs=...)`` on this pool, each set of options asked once."""
+    return AskedOnce(lambda **options: generate("roundrobin", num_ranks=num_devices, num_microbatches=num_microbatches,
+                                                layer_costs=layer_costs, **options))
+
+
+def _plan_or_none(asked: AskedOnce, options: dict) -> Schedule | None:
+    """The layer-cost generator's plan with ``options``; None when no cut keeps within their weight limit (a
+    smaller limit finds none either)."""
     try:
-        return generate("roundrobin", num_ranks=num_devices, num_microbatches=num_microbatches,
-                        layer_costs=layer_costs, **options)
+        return asked(**options)
     except ValueError:
         return None
 
