@@ -56,3 +56,17 @@ def test_a_fixed_shift_reports_its_rotation():
 def test_a_stage_bound_schedule_keeps_its_ranks():
     state = steady_state(generate("1f1b", num_ranks=4, num_microbatches=8))
     assert state.shift == 0 and set(state.placements) == {(0, 1, 2, 3)}
+
+
+@pytest.mark.parametrize("rotate", [True, 1, 3])
+def test_re_placing_a_stage_bound_schedule_is_refused(rotate):
+    with pytest.raises(ValueError, match="pins its stages to ranks"):
+        steady_state(generate("1f1b", num_ranks=4, num_microbatches=8), rotate=rotate)
+    assert steady_state(generate("1f1b", num_ranks=4, num_microbatches=8), rotate=0).shift == 0
+
+
+@pytest.mark.parametrize("rotate", [1.7, "x"])
+def test_a_rotation_that_is_not_a_shift_is_refused(rotate):
+    schedule, costs = pool_schedule()
+    with pytest.raises(ValueError, match="rotate must be None"):
+        steady_state(schedule, costs, rotate=rotate)

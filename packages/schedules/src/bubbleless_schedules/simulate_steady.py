@@ -83,6 +83,12 @@ def steady_state(schedule: Schedule, costs: Costs | None = None, *, iterations: 
     if load_stream and schedule.layout != "roundrobin":
         raise ValueError(f"load_stream=True models the round-robin pool's weight uploads; {schedule.name!r} has "
                          f"layout {schedule.layout!r} and no LOAD actions to overlap")
+    if not (rotate is None or isinstance(rotate, (bool, int))):
+        raise ValueError(f"rotate must be None (try every shift and the first-free rule), True (first free alone) "
+                         f"or an integer shift, got {rotate!r}")
+    if rotate is not None and rotate is not False and rotate != 0 and schedule.stage_to_rank is not None:
+        raise ValueError(f"rotate={rotate!r} re-places rows on other devices, which only a round-robin pool can do; "
+                         f"{schedule.name!r} pins its stages to ranks: pass rotate=None, False or 0")
     devices = schedule.num_workers
     requires, produces, durations = action_rules(layout_of(schedule), schedule, costs)
     kinds = [[a.kind for a in row] for row in schedule.actions]
