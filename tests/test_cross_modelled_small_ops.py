@@ -108,7 +108,7 @@ def test_cross_small_ops_refuse_bad_rates_and_round_trip(tmp_path):
 
 
 def test_cross_small_ops_remeasuring_the_cpu_keeps_the_framework_and_split_costs(tmp_path, monkeypatch):
-    """`model.py --measure-cpu` rewrites cpu_ops.yaml; the `framework` and `split_backward` entries come from
+    """`model.py --measure-cpu` rewrites cpu_ops.yaml; the `framework`, `split_backward` and `adamw` entries come from
     their own commands and must survive (else the baselines' host work and the split would silently price
     at zero and at no extra cost)."""
     import yaml
@@ -119,13 +119,13 @@ def test_cross_small_ops_remeasuring_the_cpu_keeps_the_framework_and_split_costs
     measured = with_small_ops(HARDWARE["rtx4090"], OPS)
     monkeypatch.setattr(cpu_profile, "measure_cpu", lambda: measured)
     stored = yaml.safe_load((ROOT / "bench/modelled/cpu_ops.yaml").read_text())
-    kept = {"framework": stored["framework"], "split_backward": stored["split_backward"]}
+    kept = {k: stored[k] for k in ("framework", "split_backward", "adamw")}
     ops_path(hw_path).write_text(yaml.safe_dump({**small_ops_to_dict(OPS), **kept}))
     cpu_profile.write_cpu_profile(hw_path)
     rewritten = yaml.safe_load(ops_path(hw_path).read_text())
     assert {k: rewritten[k] for k in kept} == kept
     loaded = load_cpu_profile(hw_path)
-    assert loaded.framework is not None and loaded.split_backward is not None
+    assert loaded.framework is not None and loaded.split_backward is not None and loaded.adamw is not None
 
 
 def test_cross_small_ops_measure_positive_rates_at_a_small_size():

@@ -46,7 +46,8 @@ measurement of it there.
   Adam state resident (16 bytes per parameter), no recompute, whole loss on the last stage. Given the
   same balanced cut as ours (``cut(method="dp")``: generous; a hand split is usually worse). Step time
   from the 1F1B closed form with unequal stages: ``sum_s t_s + (m - 1) max_s t_s`` (t_s: a stage's
-  F + B + sends per micro-batch), plus the on-device optimizer. Stage s holds ``min(p - s, m)``
+  F + B + sends per micro-batch), plus the on-device optimizer (on a ``cpu`` profile, the slowest rank's
+  ``torch.optim.AdamW`` at the rates ``adam_ops`` measures over the model's tensors). Stage s holds ``min(p - s, m)``
   micro-batches of activations at its peak (``reference/zero-bubble.md``).
 """
 
@@ -66,6 +67,7 @@ from .common import (
     longest_sequence,
     not_fitting,
     profile_of,
+    rank_optimizer_s,
     state_bytes_per_trainable,
     trainable_params,
     usable_bytes,
@@ -261,8 +263,9 @@ def torch_1f1b(point: Point) -> Prediction:
     part = cut(prof, num_stages=p, method="dp")
     stage_ms = part.stage_costs
     makespan = (sum(stage_ms) + (m - 1) * max(stage_ms)) / 1e3
-    optimizer = 0.0
-    if point.lora_rank is None:
+    measured = rank_optimizer_s(point, prof, [part.layers_of(s) for s in range(p)])  # a cpu profile
+    optimizer = 0.0 if measured is None else measured
+    if measured is None and point.lora_rank is None:
         params = max(sum(prof.layers[i].param_bytes for i in part.layers_of(s)) for s in range(p)) / point.dtype_bytes
         optimizer = params * OPTIMIZER_BYTES_PER_PARAM / (point.hardware.memory_bandwidth * 1e9)
     peak = _torch_1f1b_peak(point, part.sizes, point.seq_len)

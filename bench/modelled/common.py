@@ -190,6 +190,20 @@ def small_op_profile(prof: Profile, point: Point, ops: SmallOps, *, seq_len: int
     return prof.with_(layers=tuple(priced))
 
 
+def rank_optimizer_s(point: Point, prof: Profile, ranks) -> float | None:
+    """Seconds of the slowest rank's ``torch.optim.AdamW`` step over its layers (``ranks``: each rank's layer
+    indices in ``prof``) at the rates measured over the model's own tensors (``adam_ops``), where the
+    profile carries them (a ``cpu`` profile); None elsewhere (every GPU: each system keeps its own price).
+    LoRA: no step (the adapters' is a rounding error), as the GPU price."""
+    rates = getattr(point.hardware, "adamw", None)
+    if rates is None:
+        return None
+    if point.lora_rank is not None:
+        return 0.0
+    n = len(prof.layers)
+    return max(sum(rates.layer_seconds(i, n, layer_params(prof.layers[i], point)) for i in r) for r in ranks)
+
+
 def trainable_params(point: Point) -> float:
     """Parameters that get gradients and optimizer state."""
     s = point.shape

@@ -30,7 +30,9 @@ The same file's ``framework`` entry (``framework_ops``, written by ``python -m b
 after ``--measure-cpu``, which rewrites the rest of the file without it) holds the data-parallel
 frameworks' own host work per micro-batch and optimizer step, priced by the baselines' models; its
 ``split_backward`` entry (``split_ops``, ``python -m bench.modelled.split_ops``) what the runtime's backward
-split costs, priced by the stage-bound model on the stages a schedule splits.
+split costs, priced by the stage-bound model on the stages a schedule splits; its ``adamw`` entry
+(``adam_ops``, ``python -m bench.modelled.adam_ops``) what ``torch.optim.AdamW``'s step costs over the
+model's own tensors, priced as the pipelines' optimizer.
 """
 
 from __future__ import annotations
@@ -40,11 +42,15 @@ from pathlib import Path
 
 from bubbleless_partition import Hardware, load_hardware
 
+from .adam_ops import AdamWRates, adamw_from_dict
 from .cpu_profile import median_thread_seconds
 from .framework_ops import FrameworkOps, framework_ops_from_dict
 from .split_ops import SplitBackward, split_backward_from_dict
 
 FORMAT = "bubbleless-bench/cpu-ops-v1"
+MEASURED_APART = ("framework", "split_backward", "adamw")
+"""Entries of the ops file measured by their own commands (``framework_ops``, ``split_ops``, ``adam_ops``),
+not small-op rates: ``--measure-cpu`` keeps them as they were (``cpu_profile.write_cpu_profile``)."""
 
 
 def elementwise_bytes_per_token(hidden: int, intermediate: int, dtype_bytes: int) -> float:
@@ -105,6 +111,10 @@ class CpuHardware(Hardware):
     split_backward: SplitBackward | None = None
     """What the runtime's backward split costs (``split_ops``, the ``split_backward`` entry of the ops
     file); None where it was not measured: a split stage is then priced as an unsplit one, as on GPUs."""
+    adamw: AdamWRates | None = None
+    """``torch.optim.AdamW``'s default step over the measured model's tensors (``adam_ops``, the ``adamw``
+    entry of the ops file), what the pipelines' optimizer is priced at; None where it was not measured: then
+    priced as on GPUs (a fused step at memory bandwidth)."""
 
 
 COLD_BYTES = 32 << 20
@@ -252,7 +262,7 @@ def small_ops_to_dict(ops: SmallOps) -> dict:
 def small_ops_from_dict(data: dict) -> SmallOps:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ValueError(f"not a small-op profile: expected format {FORMAT!r}")
-    fields_ = {k: v for k, v in data.items() if k not in ("format", "framework", "split_backward")}
+    fields_ = {k: v for k, v in data.items() if k not in ("format", *MEASURED_APART)}
     try:
         values = {k: tuple(v["value"]) if isinstance(v["value"], list) else v["value"] for k, v in fields_.items()}
         return SmallOps(**values, sources={k: v["source"] for k, v in fields_.items()})
@@ -277,10 +287,11 @@ def load_cpu_profile(path: str | Path) -> Hardware:
     data = yaml.safe_load(beside.read_text())
     framework = framework_ops_from_dict(data["framework"]) if "framework" in data else None
     split = split_backward_from_dict(data["split_backward"]) if "split_backward" in data else None
-    return with_small_ops(hw, small_ops_from_dict(data), framework=framework, split_backward=split)
+    adamw = adamw_from_dict(data["adamw"]) if "adamw" in data else None
+    return with_small_ops(hw, small_ops_from_dict(data), framework=framework, split_backward=split, adamw=adamw)
 
 
 def with_small_ops(hw: Hardware, ops: SmallOps, *, framework: FrameworkOps | None = None,
-                   split_backward: SplitBackward | None = None) -> CpuHardware:
+                   split_backward: SplitBackward | None = None, adamw: AdamWRates | None = None) -> CpuHardware:
     values = {f: getattr(hw, f) for f in Hardware.__dataclass_fields__}
-    return CpuHardware(**values, small_ops=ops, framework=framework, split_backward=split_backward)
+    return CpuHardware(**values, small_ops=ops, framework=framework, split_backward=split_backward, adamw=adamw)

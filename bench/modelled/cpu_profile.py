@@ -111,8 +111,6 @@ def _adam_rate(torch, adam_params: int, *, fused: bool) -> float:
     return round(adam_params / median_thread_seconds(optimizer.step, repeats=3), -3)
 
 
-MEASURED_ELSEWHERE = ("framework", "split_backward")
-"""Entries of the ops file that ``--measure-cpu`` does not measure, so it keeps them as they were."""
 
 
 def write_cpu_profile(path: str | Path = DEFAULT_PATH) -> Hardware:
@@ -121,15 +119,14 @@ def write_cpu_profile(path: str | Path = DEFAULT_PATH) -> Hardware:
 
     from bubbleless_partition import save_hardware
 
-    from .cpu_ops import ops_path, small_ops_to_dict
+    from .cpu_ops import MEASURED_APART, ops_path, small_ops_to_dict
 
     hw = measure_cpu()
     save_hardware(hw, path)
     beside = ops_path(path)
     data = small_ops_to_dict(hw.small_ops)
     previous = yaml.safe_load(beside.read_text()) if beside.exists() else None
-    # entries measured by their own commands (bench.modelled.framework_ops, bench.modelled.split_ops): keep them
-    for entry in MEASURED_ELSEWHERE:
+    for entry in MEASURED_APART:  # measured by their own commands: kept
         if isinstance(previous, dict) and entry in previous:
             data[entry] = previous[entry]
     beside.write_text(yaml.safe_dump(data, sort_keys=False, width=110))

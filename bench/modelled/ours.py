@@ -10,7 +10,9 @@ per-stage costs; the step's compute is the simulated makespan. Assumptions:
   one, PCIe through host memory on the RTX 4090), as the simulator's one ``comm`` latency (the largest
   cut's); the simulator overlaps nothing else.
 - weights, gradients and optimizer state resident on the GPU (16 bytes per parameter in mixed precision);
-  the optimizer step runs on the device, memory-bound (30 bytes moved per parameter at device bandwidth).
+  the optimizer step runs on the device, memory-bound (30 bytes moved per parameter at device bandwidth);
+  on a ``cpu`` profile, ``torch.optim.AdamW``'s default step over the rank's layers at the rates
+  ``adam_ops`` measures over the model's own tensors (what the measured CPU runs step).
 - no recompute; the loss chunked by 4,096 tokens (our runtime's ``chunked_cross_entropy``).
 - the backward split free (I + W = B) except on a profile that carries its measured cost (``split_ops``:
   the ``cpu`` profile), where a split stage's F, I and W are scaled by it (``_split_priced``).
@@ -88,6 +90,7 @@ from .common import (
     longest_sequence,
     not_fitting,
     profile_of,
+    rank_optimizer_s,
     state_bytes_per_trainable,
     trainable_params,
     usable_bytes,
@@ -185,7 +188,8 @@ def stage_bound(name: str):
         except ValueError as error:
             return not_fitting(system, point, math.inf, 0, f"no plan: {error}")
         prof = profile_of(point, loss_chunk_tokens=LOSS_CHUNK_TOKENS)
-        optimizer = _device_optimizer_s(point, [[prof.layers[i] for i in r] for r in ranks])
+        measured = rank_optimizer_s(point, prof, ranks)  # a cpu profile: AdamW over the model's tensors
+        optimizer = measured if measured is not None else _device_optimizer_s(point, [[prof.layers[i] for i in r] for r in ranks])
         step = makespan_ms / 1e3 + optimizer
         peak = _stage_bound_peak(point, ranks, in_flight, point.seq_len)
         longest = longest_sequence(lambda s: _stage_bound_peak(point.at(micro_batch=1), ranks, in_flight, s),
