@@ -23,6 +23,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--no-calibration", action="store_true", help="skip the modelled-vs-measured table")
     parser.add_argument("--memory-seq", type=int, default=4096,
                         help="sequence of the per-rank memory section (bench/measured/memory.py); 0: skip it")
+    parser.add_argument("--measure-small-ops", action="store_true",
+                        help="time the cpu profile's small-op rates right before the first round and after the "
+                             "last (bench/measured/inrun_ops.py) and price the calibration on them")
     parser.add_argument("--out", type=Path, default=RESULTS, help="markdown path (JSON beside it)")
     return parser.parse_args(argv)
 
@@ -58,8 +61,13 @@ def main(argv=None) -> int:
     from .vcut import with_measured_cut
 
     scenario, cut = with_measured_cut(scenario)  # zbv-mem's cut, once, for every round, probe and the record
+    from . import inrun_ops
+
+    small_ops = {"before": inrun_ops.measure(scenario)} if args.measure_small_ops else None
     with tqdm(total=scenario.rounds * len(scenario.systems), unit="run", file=sys.stderr) as bar:
         systems = measure(scenario, progress=bar)
+    if small_ops is not None:
+        small_ops["after"] = inrun_ops.measure(scenario)
     if cut is not None:
         systems["zbv-mem"]["cut"] = cut.as_dict()
     longest = {}
@@ -78,10 +86,10 @@ def main(argv=None) -> int:
     if not args.no_calibration:
         from .calibration import calibration_section
 
-        calibration = calibration_section(scenario, systems)
+        calibration = calibration_section(scenario, systems, small_ops=small_ops)
     command = "python -m bench.measured " + " ".join(argv if argv is not None else sys.argv[1:])
     md, js = write(scenario, systems, longest, args.out, calibration=calibration, command=command.strip(),
-                   memory=memory)
+                   memory=memory, small_ops=small_ops)
     print(f"wrote {md} and {js}")
     print(md.read_text())
     return 1 if failures(systems) else 0

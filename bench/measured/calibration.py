@@ -17,14 +17,15 @@ def tiny_shape(scenario: Scenario) -> TransformerShape:
                             intermediate=m.intermediate, heads=m.heads, kv_heads=m.heads, vocab=m.vocab)
 
 
-def calibration_rows(scenario: Scenario, systems: dict):
+def calibration_rows(scenario: Scenario, systems: dict, *, hardware=None):
+    """``hardware``: the profile the model prices on (default the committed ``cpu`` profile)."""
     from bench.modelled import systems as modelled_systems
     from bench.modelled.calibrate import calibrate, cpu_point
 
     known = {n for n, s in modelled_systems().items() if s.modelled is not None}
     measured = {n: r["tokens_per_s"] for n, r in systems.items() if n in known and r.get("tokens_per_s")}
     load_free = {n: systems[n]["tokens_per_s_less_wait"] for n in measured if systems[n].get("tokens_per_s_less_wait")}
-    point = cpu_point(tiny_shape(scenario), gpus=scenario.workers, seq_len=scenario.seq_len,
+    point = cpu_point(tiny_shape(scenario), hardware=hardware, gpus=scenario.workers, seq_len=scenario.seq_len,
                       micro_batch=scenario.micro_batch, global_batch=scenario.global_batch, precision="fp32")
     return calibrate(measured, point=point, load_free=load_free), sorted(set(systems) - known)
 
@@ -74,11 +75,15 @@ CPU = (
 )
 
 
-def calibration_section(scenario: Scenario, systems: dict) -> list[str]:
+def calibration_section(scenario: Scenario, systems: dict, *, small_ops: dict | None = None) -> list[str]:
+    """``small_ops``: the run's own small-op rates (``inrun_ops``, ``--measure-small-ops``), the model then
+    priced on their mean, the committed profile's errors said beside; None: priced on the committed profile."""
     from bench.modelled.calibrate import calibration_table
 
     try:
-        rows, unmodelled = calibration_rows(scenario, systems)
+        hardware = None if small_ops is None else _run_profile(small_ops)
+        rows, unmodelled = calibration_rows(scenario, systems, hardware=hardware)
+        committed = None if small_ops is None else calibration_rows(scenario, systems)[0]
     except ValueError as error:
         return ["## Calibration: modelled against measured", "", f"(not computed: {error})", ""]
     summary = [_spread("vs measured", [r.error for r in rows])]
@@ -90,13 +95,14 @@ def calibration_section(scenario: Scenario, systems: dict) -> list[str]:
     cpu = {n: r["cpu_s"] for n, r in systems.items() if r.get("cpu_s") is not None}
     cpu_line = ("Median CPU seconds per step, all of a system's processes together: "
                 + ", ".join(f"{n} {c:.2f} s" for n, c in sorted(cpu.items())) + f"; the modelled F + I + W of the "
-                f"step's micro-batches: {_modelled_work_s(scenario):.2f} s. " + CPU) if cpu else ""
+                f"step's micro-batches: {_modelled_work_s(scenario, hardware):.2f} s. " + CPU) if cpu else ""
     return [
         "## Calibration: modelled against measured (same CPU)", "",
         "Each system's cost model (bench/modelled/) on the `cpu` hardware profile measured on this machine "
         f"(`python bench/model.py --measure-cpu`: '{_profile_description()}'), at this scenario's shape, workers, "
         "sequence and batch, fp32, with the thread count each measured rank or pool device runs "
         f"({scenario.threads}). Error = modelled / measured - 1 (+: the model is optimistic).", "",
+        *([] if small_ops is None else [_run_rates_line(small_ops, committed), ""]),
         calibration_table(rows), "",
         " ".join(summary) + (f" Not modelled: {', '.join(unmodelled)}." if unmodelled else ""), "",
         wait_line + LOAD, "",
@@ -105,12 +111,34 @@ def calibration_section(scenario: Scenario, systems: dict) -> list[str]:
     ]
 
 
-def _modelled_work_s(scenario: Scenario) -> float:
+def _run_profile(small_ops: dict):
+    """The committed ``cpu`` profile with the run's own small-op rates (their before/after mean) in place."""
+    from dataclasses import replace
+
+    from bench.modelled.calibrate import cpu_hardware
+
+    from .inrun_ops import mean_small_ops
+
+    return replace(cpu_hardware(), small_ops=mean_small_ops(small_ops))
+
+
+def _run_rates_line(small_ops: dict, committed_rows) -> str:
+    from .inrun_ops import describe
+
+    errors = ", ".join(f"{r.system} {r.load_free_error:+.1%}" for r in committed_rows if r.load_free_error is not None)
+    return ("Priced on the small-op rates this run measured (`--measure-small-ops`: `cpu_ops.measure_small_ops` "
+            "at this scenario's sizes, right before the first round and right after the last, the mean of the "
+            "two; the JSON's `small_ops`), not cpu_ops.yaml's; every other figure of the profile is the committed "
+            f"one. The rates: {describe(small_ops)}. On cpu_ops.yaml's rates instead, the error vs measured "
+            f"less wait: {errors}.")
+
+
+def _modelled_work_s(scenario: Scenario, hardware=None) -> float:
     """The modelled F + I + W of every layer over the step's micro-batches, seconds (no bubble, no optimizer)."""
     from bench.modelled.calibrate import cpu_point
     from bench.modelled.common import profile_of
 
-    point = cpu_point(tiny_shape(scenario), gpus=scenario.workers, seq_len=scenario.seq_len,
+    point = cpu_point(tiny_shape(scenario), hardware=hardware, gpus=scenario.workers, seq_len=scenario.seq_len,
                       micro_batch=scenario.micro_batch, global_batch=scenario.global_batch, precision="fp32")
     prof = profile_of(point, loss_chunk_tokens=None)
     return sum(layer.train_time for layer in prof.layers) * point.microbatches / 1e3

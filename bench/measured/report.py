@@ -206,9 +206,11 @@ def same_memory_verdict(rss_within: bool, seqs: tuple[int | None, int | None]) -
 
 
 def write(scenario: Scenario, systems: dict, longest: dict, out: Path, *, calibration: list[str] | None = None,
-          command: str = "", info: dict | None = None, memory: dict | None = None) -> tuple[Path, Path]:
+          command: str = "", info: dict | None = None, memory: dict | None = None,
+          small_ops: dict | None = None) -> tuple[Path, Path]:
     """The markdown record at ``out`` and its JSON beside it; ``info`` (a previous run's ``meta``, when
-    re-rendering) defaults to this run's; ``memory``: ``memory.breakdown``'s per-rank figures, if run."""
+    re-rendering) defaults to this run's; ``memory``: ``memory.breakdown``'s per-rank figures, if run;
+    ``small_ops``: the small-op rates the run measured (``inrun_ops``), if it did."""
     info = info or {**meta(scenario), **({"command": command} if command else {})}
     order = [s for s in scenario.systems if s in systems] + sorted(set(systems) - set(scenario.systems))
     systems = {name: systems[name] for name in order}  # the scenario's order (JSON keeps keys sorted)
@@ -219,7 +221,8 @@ def write(scenario: Scenario, systems: dict, longest: dict, out: Path, *, calibr
             row["max_seq_len"] = longest[name]["max_seq_len"]
             row["longest_probes"] = longest[name]["probes"]
             row["longest_capped"] = bool(longest[name].get("capped"))
-    data = {"meta": info, "systems": systems, **({"memory": memory} if memory else {})}
+    data = {"meta": info, "systems": systems, **({"memory": memory} if memory else {}),
+            **({"small_ops": small_ops} if small_ops else {})}
     json_path = out.with_suffix(".json")
     out.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
@@ -311,8 +314,9 @@ def rerender(json_path: Path, out: Path, *, calibration: bool = True) -> tuple[P
     if calibration:
         from .calibration import calibration_section
 
-        section = calibration_section(scenario, systems)
-    return write(scenario, systems, longest, out, calibration=section, info=data["meta"], memory=data.get("memory"))
+        section = calibration_section(scenario, systems, small_ops=data.get("small_ops"))
+    return write(scenario, systems, longest, out, calibration=section, info=data["meta"], memory=data.get("memory"),
+                 small_ops=data.get("small_ops"))
 
 
 def _nvme_note(scenario, info) -> str:
