@@ -81,3 +81,46 @@ def test_comm_heavy_p32_reaches_the_block_search():
     costs = Costs(1.0, 1.0, 1.0, 0.5)
     schedule = generate("v-min", num_ranks=32, num_microbatches=97, costs=costs, memory_limit=12)
     assert simulate(schedule, costs).makespan <= 658.5 + 1e-9
+
+
+def _pcm_block_rank_by_rank(p, residues, steps, split):
+    """``pcm_block`` as it read before its O(1) collision test: every rank's four residues compared."""
+    from bubbleless_schedules.action import Kind
+    from bubbleless_schedules.generators.vshape_blocks import _next_with_residue, _place_weight_grads
+
+    step = [0] + [steps[0] if r <= split else steps[1] for r in range(1, p)]
+    down = [0] * p
+    for r in range(1, p):
+        down[r] = down[r - 1] + step[r]
+    up_last = _next_with_residue(down[-1] + p, residues[0]) - (p - 1)
+    grad_down = [_next_with_residue(up_last + p, residues[1])]
+    for r in range(1, p):
+        grad_down.append(grad_down[-1] + step[r])
+    grad_up_last = _next_with_residue(grad_down[-1] + p, residues[2]) - (p - 1)
+    times = {}
+    for r in range(p):
+        f0, f1, i1, i0 = down[r], up_last + p - 1 - r, grad_down[r], grad_up_last + p - 1 - r
+        taken = {f0 % 6, f1 % 6, i1 % 6, i0 % 6}
+        if len(taken) < 4:
+            return None
+        s0, s1 = r, 2 * p - 1 - r
+        times[(Kind.F, s0)], times[(Kind.F, s1)], times[(Kind.I, s1)], times[(Kind.I, s0)] = f0, f1, i1, i0
+        _place_weight_grads(times, taken, ((s1, i1), (s0, i0)))
+    return times
+
+
+@pytest.mark.parametrize("p", [1, 2, 5, 8, 13])
+def test_pcm_block_collision_test_agrees_with_checking_every_rank(p):
+    from itertools import permutations
+
+    from bubbleless_schedules.generators.vshape_blocks import pcm_block
+
+    found = 0
+    for residues in permutations(range(1, 6), 3):
+        for a in range(1, 6):
+            for b in range(1, 6):
+                for split in range(1, max(2, p)):
+                    block = pcm_block(p, residues, (a, b), split)
+                    assert block == _pcm_block_rank_by_rank(p, residues, (a, b), split)
+                    found += block is not None
+    assert found  # the search space is not all collisions
