@@ -283,7 +283,7 @@ def _ranked_search(p: int, m: int, costs: Costs, cap_chunks: float, input_grad_f
     allows), ranked by the makespan each predicts for ``m`` (``_extrapolated``); the best-ranked that fits
     is run in full. At p=32 m=256 a full try costs four short ones, and the budget allows two to four full
     tries, too few to reach the blocks that win there (comm-heavy: 1626.5 with the first two candidates, the
-    stable pattern's; 1542.5 with the fifth-shortest fitting block; bench/results/large_shapes.md)."""
+    stable pattern's; 1542.5 with the fourth-shortest fitting block; bench/results/large_shapes.md)."""
     short = max(2 * p, 4)  # at least 4: the pace needs two admissions in the second half
     ranked = []
     runs = max(1, (_RANKED_BUDGET - 2 * 6 * p * m) // (6 * p * short))
