@@ -119,13 +119,13 @@ def test_cross_small_ops_remeasuring_the_cpu_keeps_the_framework_and_split_costs
     measured = with_small_ops(HARDWARE["rtx4090"], OPS)
     monkeypatch.setattr(cpu_profile, "measure_cpu", lambda: measured)
     stored = yaml.safe_load((ROOT / "bench/modelled/cpu_ops.yaml").read_text())
-    kept = {k: stored[k] for k in ("framework", "split_backward", "adamw")}
+    kept = {k: stored[k] for k in ("framework", "split_backward", "adamw", "layout_backward")}
     ops_path(hw_path).write_text(yaml.safe_dump({**small_ops_to_dict(OPS), **kept}))
     cpu_profile.write_cpu_profile(hw_path)
     rewritten = yaml.safe_load(ops_path(hw_path).read_text())
     assert {k: rewritten[k] for k in kept} == kept
     loaded = load_cpu_profile(hw_path)
-    assert loaded.framework is not None and loaded.split_backward is not None and loaded.adamw is not None
+    assert None not in (loaded.framework, loaded.split_backward, loaded.adamw, loaded.layout_backward)
 
 
 def test_cross_small_ops_measure_positive_rates_at_a_small_size():

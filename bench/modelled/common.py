@@ -44,6 +44,7 @@ from .cpu_ops import (
     SmallOps,
     elementwise_bytes_per_token,
 )
+from .layout_ops import LayoutBackward, layout_bytes_per_token
 
 HEADROOM = 0.10
 """Share of device memory left to the allocator (fragmentation, transient buffers)."""
@@ -140,13 +141,15 @@ def profile_of(point: Point, *, loss_chunk_tokens: int | None, seq_len: int | No
     prof = analytic_profile(point.shape, hw, seq_len=seq_len or point.seq_len, micro_batch_size=point.micro_batch,
                             dtype_bytes=point.dtype_bytes, loss_chunk_tokens=loss_chunk_tokens)
     if isinstance(hw, CpuHardware):
-        prof = small_op_profile(prof, point, hw.small_ops, seq_len=seq_len or point.seq_len)
+        prof = small_op_profile(prof, point, hw.small_ops, seq_len=seq_len or point.seq_len,
+                                layout=hw.layout_backward)
     if point.lora_rank is None:
         return prof
     return prof.with_(layers=tuple(replace(layer, weight_grad=0.0) for layer in prof.layers))
 
 
-def small_op_profile(prof: Profile, point: Point, ops: SmallOps, *, seq_len: int) -> Profile:
+def small_op_profile(prof: Profile, point: Point, ops: SmallOps, *, seq_len: int,
+                     layout: LayoutBackward | None = None) -> Profile:
     """``prof`` with its decoder layers and LM head priced at the measured small-op rates (the module
     docstring; ``cpu_ops`` says how each rate is measured); the embedding keeps its memory-bound price.
 
@@ -155,7 +158,9 @@ def small_op_profile(prof: Profile, point: Point, ops: SmallOps, *, seq_len: int
     same at the backward rates (attention and elementwise backward counted twice the forward) + the other
     half; W = its matrix multiplies at the weight-gradient rate, plus accumulating its weight gradients into
     ``.grad`` (``ACCUMULATE_PASSES`` over its parameter bytes at the backward elementwise rate, in all of the
-    step's micro-batches but the first: the per-micro-batch price carries (m - 1) / m of it). The head: its
+    step's micro-batches but the first: the per-micro-batch price carries (m - 1) / m of it); where ``layout``
+    is measured (``layout_ops``), I also carries the copies of the q/k/v and gate/up gradients into the fused
+    projections' layout at its rate. The head: its
     vocabulary projection at the three GEMM rates, the loss bytes (the analytic count) at the loss rates,
     its norm at the elementwise, and the same accumulation in W.
     """
@@ -168,13 +173,16 @@ def small_op_profile(prof: Profile, point: Point, ops: SmallOps, *, seq_len: int
     attention = 2 * s.heads * s.dim * seq_len * tokens
     memory = tokens * elementwise_bytes_per_token(s.hidden, s.active_mlp_width(), d)
     dispatch = OTHER_OPS_PER_LAYER * ops.op_overhead_s * 1e3 / 2
+    copies = 0.0 if layout is None else tokens * layout_bytes_per_token(s.hidden, s.active_mlp_width(), d) / (
+        layout.gb_s * 1e6)  # bytes per ms
     share = (point.microbatches - 1) / point.microbatches  # the first micro-batch's gradient is taken as is
 
     def accumulate(layer) -> float:
         return share * ACCUMULATE_PASSES * layer.param_bytes / eb
 
     decoder = {"forward": matmul / gf + attention / af + memory / ef + dispatch,
-               "input_grad": matmul / gi + 2 * attention / ab + BACKWARD_ELEMENTWISE * memory / eb + dispatch,
+               "input_grad": matmul / gi + 2 * attention / ab + BACKWARD_ELEMENTWISE * memory / eb + dispatch
+               + copies,
                "weight_grad": matmul / gw + accumulate(prof.layers[1])}
     head_matmul = 2 * s.hidden * s.vocab * tokens
     loss = tokens * s.vocab * LOGIT_BYTES * LOSS_PASSES

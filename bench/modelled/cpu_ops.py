@@ -32,7 +32,8 @@ frameworks' own host work per micro-batch and optimizer step, priced by the base
 ``split_backward`` entry (``split_ops``, ``python -m bench.modelled.split_ops``) what the runtime's backward
 split costs, priced by the stage-bound model on the stages a schedule splits; its ``adamw`` entry
 (``adam_ops``, ``python -m bench.modelled.adam_ops``) what ``torch.optim.AdamW``'s step costs over the
-model's own tensors, priced as the pipelines' optimizer.
+model's own tensors, priced as the pipelines' optimizer; its ``layout_backward`` entry (``layout_ops``,
+``python -m bench.modelled.layout_ops``) the backward's copies into the fused q/k/v and gate/up layout.
 """
 
 from __future__ import annotations
@@ -45,11 +46,13 @@ from bubbleless_partition import Hardware, load_hardware
 from .adam_ops import AdamWRates, adamw_from_dict
 from .cpu_profile import median_thread_seconds
 from .framework_ops import FrameworkOps, framework_ops_from_dict
+from .layout_ops import LayoutBackward, layout_backward_from_dict
 from .split_ops import SplitBackward, split_backward_from_dict
 
 FORMAT = "bubbleless-bench/cpu-ops-v1"
-MEASURED_APART = ("framework", "split_backward", "adamw")
-"""Entries of the ops file measured by their own commands (``framework_ops``, ``split_ops``, ``adam_ops``),
+MEASURED_APART = ("framework", "split_backward", "adamw", "layout_backward")
+"""Entries of the ops file measured by their own commands (``framework_ops``, ``split_ops``, ``adam_ops``,
+``layout_ops``),
 not small-op rates: ``--measure-cpu`` keeps them as they were (``cpu_profile.write_cpu_profile``)."""
 
 
@@ -115,6 +118,9 @@ class CpuHardware(Hardware):
     """``torch.optim.AdamW``'s default step over the measured model's tensors (``adam_ops``, the ``adamw``
     entry of the ops file), what the pipelines' optimizer is priced at; None where it was not measured: then
     priced as on GPUs (a fused step at memory bandwidth)."""
+    layout_backward: LayoutBackward | None = None
+    """The backward's copies into the fused projections' layout (``layout_ops``, the ``layout_backward``
+    entry of the ops file), priced in each decoder layer's I; None where it was not measured: not priced."""
 
 
 COLD_BYTES = 32 << 20
@@ -288,10 +294,14 @@ def load_cpu_profile(path: str | Path) -> Hardware:
     framework = framework_ops_from_dict(data["framework"]) if "framework" in data else None
     split = split_backward_from_dict(data["split_backward"]) if "split_backward" in data else None
     adamw = adamw_from_dict(data["adamw"]) if "adamw" in data else None
-    return with_small_ops(hw, small_ops_from_dict(data), framework=framework, split_backward=split, adamw=adamw)
+    layout = layout_backward_from_dict(data["layout_backward"]) if "layout_backward" in data else None
+    return with_small_ops(hw, small_ops_from_dict(data), framework=framework, split_backward=split, adamw=adamw,
+                          layout_backward=layout)
 
 
 def with_small_ops(hw: Hardware, ops: SmallOps, *, framework: FrameworkOps | None = None,
-                   split_backward: SplitBackward | None = None, adamw: AdamWRates | None = None) -> CpuHardware:
+                   split_backward: SplitBackward | None = None, adamw: AdamWRates | None = None,
+                   layout_backward: LayoutBackward | None = None) -> CpuHardware:
     values = {f: getattr(hw, f) for f in Hardware.__dataclass_fields__}
-    return CpuHardware(**values, small_ops=ops, framework=framework, split_backward=split_backward, adamw=adamw)
+    return CpuHardware(**values, small_ops=ops, framework=framework, split_backward=split_backward, adamw=adamw,
+                       layout_backward=layout_backward)
