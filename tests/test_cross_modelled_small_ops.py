@@ -135,7 +135,8 @@ def test_cross_small_ops_measure_positive_rates_at_a_small_size():
 
 
 def test_cross_small_ops_schedstat_counts_cpu_and_the_longest_wait():
-    assert schedstat_delta({"1": (100, 50)}, {"1": (400, 80), "2": (1_000_000_000, 7_000_000_000)}) == (
+    one, two = ("1", 5), ("2", 9)
+    assert schedstat_delta({one: (100, 50)}, {one: (400, 80), two: (1_000_000_000, 7_000_000_000)}) == (
         pytest.approx(1.0000003), pytest.approx(7.0))
     before = thread_schedstats()
     sum(i * i for i in range(200_000))
@@ -145,22 +146,44 @@ def test_cross_small_ops_schedstat_counts_cpu_and_the_longest_wait():
 
 
 def test_cross_small_ops_schedstat_a_counter_that_went_back_is_a_new_thread():
-    assert schedstat_delta({"7": (900, 900)}, {"7": (300, 200)}) == (pytest.approx(3e-7), pytest.approx(2e-7))
+    seven = ("7", 3)
+    assert schedstat_delta({seven: (900, 900)}, {seven: (300, 200)}) == (pytest.approx(3e-7), pytest.approx(2e-7))
+
+
+def test_cross_small_ops_schedstat_keys_a_thread_by_its_id_and_start_time():
+    """An ended thread's id taken by a new one: told apart by the start time even where the new thread's
+    counters are already past the old one's (which the counters alone cannot tell)."""
+    import threading
+
+    assert schedstat_delta({("7", 100): (900, 900)}, {("7", 250): (1000, 1000)}) == (
+        pytest.approx(1e-6), pytest.approx(1e-6))
+    readings = thread_schedstats()
+    if not readings:
+        pytest.skip("no Linux schedstat here")
+    with open("/proc/self/stat") as f:
+        process_start = int(f.read().rpartition(")")[2].split()[19])
+    mine = [key for key in readings if key[0] == str(threading.get_native_id())]
+    assert len(mine) == 1 and isinstance(mine[0][1], int) and mine[0][1] >= process_start
+
+
+def _wait_for_polls(watch: ThreadWatch, count: int) -> None:
+    deadline = time.monotonic() + 10
+    while watch.polls < count and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert watch.polls >= count, "the watcher thread did not poll within 10 s"
 
 
 def test_cross_small_ops_thread_watch_sees_a_thread_that_ended_within_the_step():
     """The round-robin pool's device threads start and end within each step: gone from /proc at its end."""
     import threading
 
-    with pytest.raises(ValueError, match="period_s"):
-        ThreadWatch(period_s=0)
-
-    def spin():
-        end = time.thread_time() + 0.15
-        while time.thread_time() < end:
-            pass
-
     with ThreadWatch(period_s=0.01) as watch:
+        def spin():
+            end = time.thread_time() + 0.15
+            while time.thread_time() < end:
+                pass
+            _wait_for_polls(watch, watch.polls + 2)  # a whole poll began after the spin: the thread's last reading
+
         before = watch.restart()
         if not before:
             pytest.skip("no Linux schedstat here")
@@ -168,14 +191,63 @@ def test_cross_small_ops_thread_watch_sees_a_thread_that_ended_within_the_step()
         worker.start()
         worker.join()
         tid, deadline = str(worker.native_id), time.monotonic() + 5
-        while tid in thread_schedstats() and time.monotonic() < deadline:  # join returns before the OS thread is gone
-            time.sleep(0.01)
-        assert tid not in thread_schedstats()
+        while any(key[0] == tid for key in thread_schedstats()) and time.monotonic() < deadline:
+            time.sleep(0.01)  # join returns before the OS thread is gone
+        assert not any(key[0] == tid for key in thread_schedstats())
         after = watch.readings()
         cpu, _ = schedstat_delta(before, after)
-        assert tid in after, "the ended thread is kept at its last reading"
-        assert cpu >= 0.1  # the ended thread's 0.15 s, at most a period short (and the main thread's)
+        assert any(key[0] == tid for key in after), "the ended thread is kept at its last reading"
+        assert cpu >= 0.14  # the ended thread's 0.15 s (schedstat may lag thread_time by a little)
         assert schedstat_delta(watch.restart(), watch.readings())[0] < 0.1  # restart forgets it
+
+
+def test_cross_small_ops_thread_watch_drops_a_reading_taken_before_restart(monkeypatch):
+    """The watcher reads /proc, loses the GIL, and records after the next step's restart: a thread that
+    ended before the restart must not come back into the new step (its whole life counted from zero)."""
+    import threading
+
+    import bench.measured.common as common
+
+    real = common.thread_schedstats
+    read, go = threading.Event(), threading.Event()
+
+    def slow():
+        out = real()
+        if threading.current_thread().name == "bench-thread-watch" and not read.is_set():
+            read.set()
+            go.wait(10)  # between the watcher's read and its record
+        return out
+
+    def spin():
+        end = time.thread_time() + 0.2
+        while time.thread_time() < end:
+            pass
+        read.wait(10)  # alive when the watcher reads
+
+    monkeypatch.setattr(common, "thread_schedstats", slow)
+    if not real():
+        pytest.skip("no Linux schedstat here")
+    worker = threading.Thread(target=spin)
+    worker.start()
+    with ThreadWatch(period_s=0.01) as watch:
+        assert read.wait(10)
+        worker.join()
+        tid, deadline = str(worker.native_id), time.monotonic() + 5
+        while any(key[0] == tid for key in real()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        before = watch.restart()  # the next step; the worker is gone
+        assert not any(key[0] == tid for key in before)
+        go.set()
+        _wait_for_polls(watch, 1)  # the stale reading has been recorded or dropped
+        after = watch.readings()
+        assert not any(key[0] == tid for key in after)
+        assert schedstat_delta(before, after)[0] < 0.1
+
+
+@pytest.mark.parametrize("period_s", [0, -1, "a", None, float("inf"), float("nan"), True])
+def test_cross_small_ops_thread_watch_refuses_a_bad_period(period_s):
+    with pytest.raises(ValueError, match="period_s must be a finite positive number"):
+        ThreadWatch(period_s=period_s)
 
 
 def test_cross_small_ops_merge_takes_the_wait_out_of_each_step():

@@ -18,6 +18,7 @@ machine the wait is time the step lost to whatever else ran, which no cost model
 
 from __future__ import annotations
 
+import math
 import os
 import resource
 import threading
@@ -36,9 +37,10 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def thread_schedstats() -> dict[str, tuple[int, int]]:
-    """Thread id -> (CPU ns, run-queue wait ns) for every thread of this process; {} where Linux's
-    schedstat is not there."""
+def thread_schedstats() -> dict[tuple[str, int], tuple[int, int]]:
+    """(thread id, its start time) -> (CPU ns, run-queue wait ns) for every thread of this process; {}
+    where Linux's schedstat is not there. The start time (``/proc/.../stat`` field 22, clock ticks since
+    boot) tells a thread from a later one that took its ended id."""
     out = {}
     try:
         tids = os.listdir("/proc/self/task")
@@ -48,16 +50,18 @@ def thread_schedstats() -> dict[str, tuple[int, int]]:
         try:
             with open(f"/proc/self/task/{tid}/schedstat") as f:
                 cpu, wait = f.read().split()[:2]
-        except (OSError, ValueError):
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                start = int(f.read().rpartition(")")[2].split()[19])  # after the name, which may hold spaces
+        except (OSError, ValueError, IndexError):
             continue  # a thread that ended meanwhile
-        out[tid] = (int(cpu), int(wait))
+        out[(tid, start)] = (int(cpu), int(wait))
     return out
 
 
 def schedstat_delta(before: dict, after: dict) -> tuple[float, float]:
     """(CPU seconds of all threads, the longest run-queue wait of one thread, seconds) between two
     ``thread_schedstats``; a thread born meanwhile counts from zero, as does one whose counters went back
-    (an ended thread's id taken by a new one)."""
+    (an ended thread's id taken by a new one within the same clock tick of the start time)."""
     deltas = [_since(before.get(t, (0, 0)), now) for t, now in after.items()]
     return sum(c for c, _ in deltas) / 1e9, max((w for _, w in deltas), default=0) / 1e9
 
@@ -70,13 +74,23 @@ small /proc reads), 0.5% of a core."""
 
 class ThreadWatch:
     """Every thread's last schedstat reading since ``restart`` (the module docstring): ``with
-    ThreadWatch() as watch: watch.restart(); ...; watch.readings()``."""
+    ThreadWatch() as watch: watch.restart(); ...; watch.readings()``.
+
+    The watcher reads /proc outside the lock; a reading taken before a ``restart`` and recorded after it
+    would put a thread that ended before the restart back into the new step, counted from zero: its whole
+    life's CPU and wait. So each reading carries the generation it was taken under (``restart`` bumps it)
+    and one from an older generation is dropped."""
 
     def __init__(self, period_s: float = WATCH_PERIOD_S) -> None:
-        if not period_s > 0:
-            raise ValueError(f"ThreadWatch period_s must be positive seconds, got {period_s!r}")
+        if isinstance(period_s, bool) or not isinstance(period_s, (int, float)) or not 0 < period_s < math.inf:
+            raise ValueError(f"ThreadWatch period_s must be a finite positive number of seconds (e.g. "
+                             f"{WATCH_PERIOD_S}), got {period_s!r}")
         self.period_s = period_s
-        self._seen: dict[str, tuple[int, int]] = {}
+        self.polls = 0
+        self.polls = 0
+        """Readings the watcher thread has recorded or dropped (tests wait on it)."""
+        self._seen: dict[tuple[str, int], tuple[int, int]] = {}
+        self._generation = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, name="bench-thread-watch", daemon=True)
@@ -91,23 +105,27 @@ class ThreadWatch:
 
     def _poll(self) -> None:
         while not self._stop.wait(self.period_s):
-            self._record(thread_schedstats())
+            generation = self._generation
+            self._record(thread_schedstats(), generation)
+            self.polls += 1
 
-    def _record(self, now: dict) -> None:
+    def _record(self, now: dict, generation: int) -> None:
         with self._lock:
-            self._seen.update(now)
+            if generation == self._generation:
+                self._seen.update(now)
 
-    def restart(self) -> dict[str, tuple[int, int]]:
+    def restart(self) -> dict[tuple[str, int], tuple[int, int]]:
         """Forget ended threads; the threads alive now with their readings (a step's ``before``)."""
         now = thread_schedstats()
-        with self._lock:
+        with self._lock:  # a reading the watcher took before this one is of the old step from here on
+            self._generation += 1
             self._seen = dict(now)
         return now
 
-    def readings(self) -> dict[str, tuple[int, int]]:
+    def readings(self) -> dict[tuple[str, int], tuple[int, int]]:
         """Every thread seen since ``restart``: alive ones read now, ended ones at their last reading."""
-        now = thread_schedstats()
-        self._record(now)
+        generation = self._generation
+        self._record(thread_schedstats(), generation)
         with self._lock:
             return dict(self._seen)
 
