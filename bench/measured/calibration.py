@@ -53,11 +53,7 @@ PHYSICS = (
     "beyond that (p2p hand-offs on gloo, the pool's per-job bookkeeping), the round-robin pool's split backward, and the slow-down a "
     "busy machine causes a process that does hold a core (shared caches and memory bandwidth: the small-op "
     "GEMM and attention rates re-measured at load 3.5 were about 10% under cpu_ops.yaml's; `--measure-small-ops` "
-    "times them in the run itself and prices on those). The round-robin "
-    "executor plans from its own profile, timed at start-up (`partition='auto'`), which on this loaded "
-    "machine gave three different plans in four runs (backward groups of 1 to 4 layers, all recomputing), "
-    "none the model's plan from cpu_ops.yaml (one 7-layer fused group, no recompute): its row compares two "
-    "different plans."
+    "times them in the run itself and prices on those)."
 )
 LOAD = (
     "Why the two errors: the measured runs share this machine's 2 cores with other agents' processes, and "
@@ -109,8 +105,35 @@ def calibration_section(scenario: Scenario, systems: dict, *, small_ops: dict | 
         " ".join(summary) + (f" Not modelled: {', '.join(unmodelled)}." if unmodelled else ""), "",
         wait_line + LOAD, "",
         *([cpu_line, ""] if cpu_line else []),
-        PHYSICS, "",
+        PHYSICS + _plan_note(scenario, systems), "",
     ]
+
+
+def _plan_note(scenario: Scenario, systems: dict) -> str:
+    """Whether the round-robin row compares the plan that ran with the plan the model prices: the run's own
+    record (``ours.roundrobin``'s ``plan``) where the result carries it, else the plan the measured pool
+    builds now (``rr_plan.build_pool``: a pure function of the scenario, so the same every build)."""
+    from .rr_plan import build_pool, model_plan, plan_record, same_plan
+
+    run = systems.get("roundrobin") or {}
+    if not run.get("tokens_per_s"):
+        return ""
+    priced = model_plan(scenario, seq_len=scenario.seq_len)
+    ran = run.get("plan")
+    source = "the plan the run recorded"
+    if ran is None:
+        ran = plan_record(build_pool(scenario, seq_len=scenario.seq_len))
+        source = "the result records no plan; the plan the measured pool builds from the same costs"
+    groups = priced["groups"]
+    said = (f"forward groups {groups['forward']}, fused last group of {groups['last']}, backward groups "
+            f"{groups['backward']}, {priced['microbatches_per_pool_step']} micro-batches a pool step")
+    why_not = same_plan(ran, priced)
+    if why_not is None:
+        return (f" The round-robin pool runs the plan the model prices ({said}): it is planned from the model's "
+                f"per-layer costs on this profile (bench/measured/rr_plan.py), not timed at start-up; checked "
+                f"against {source}.")
+    return (f" The round-robin row compares two different plans: the model prices {said}; {source} differs "
+            f"({why_not}).")
 
 
 def _run_profile(small_ops: dict):

@@ -48,18 +48,18 @@ def stage_bound(rank: int, scenario: Scenario, *, system: str, steps: int, warmu
 
 
 def roundrobin(rank: int, scenario: Scenario, *, system: str, steps: int, warmup: int, seq_len: int) -> dict:
-    """``precision="fp32"``: the steps run without autocast, so the pool profiles the layers' bytes in float32
-    alone, not also under bf16 and fp16 autocast (its default, for a caller whose autocast it cannot know
-    yet): 2 of the 3 byte walks of the build (``pool_precision``, ``pool_kept``). No memory budget is given,
-    so the plan follows the timings alone and is the one the default would choose."""
-    from bubbleless_runtime import RoundRobinPipeline
+    """The pool on the plan its cost model prices at this run's point (``rr_plan.build_pool``: the model's
+    per-layer costs as ``partition=``, so every build plans the same, in milliseconds, where
+    ``partition="auto"`` timed the layers at start-up on a loaded machine and planned from those); the plan
+    that ran goes into the result (``plan``) with the build's seconds (``build_s``), for the calibration
+    to check against the plan it prices."""
+    import time
 
-    loss_fn = TokenLoss(scenario.global_batch * seq_len)
-    x0, _ = batch(scenario, 0, seq_len=seq_len)
-    pipe = RoundRobinPipeline(
-        make_layers(scenario), devices=["cpu"] * scenario.workers, num_microbatches=scenario.microbatches,
-        loss_fn=loss_fn, partition="auto", sample_input=x0[:scenario.micro_batch], trace=False, precision="fp32",
-        optimizer={"name": "adamw", "lr": scenario.lr, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0})
+    from .rr_plan import build_pool, plan_record
+
+    started = time.perf_counter()
+    pipe = build_pool(scenario, seq_len=seq_len)
+    build_s = time.perf_counter() - started
 
     def step(i: int):
         x, y = batch(scenario, i, seq_len=seq_len)
@@ -67,4 +67,5 @@ def roundrobin(rank: int, scenario: Scenario, *, system: str, steps: int, warmup
 
     out = timed_steps(step, steps=steps, warmup=warmup)
     out["device_peak_bytes"] = max(w.budget.peak for w in pipe.workers)
+    out["plan"], out["build_s"] = plan_record(pipe), build_s
     return out

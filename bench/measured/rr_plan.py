@@ -1,0 +1,110 @@
+"""The plan the measured round-robin pool runs: the one its cost model prices (bench/modelled/ours.py
+``roundrobin`` on the ``cpu`` profile), handed to ``RoundRobinPipeline`` as a ``Profile``.
+
+Why not ``partition="auto"``: the pool then times every layer at start-up (about 99% of the build, 74 s
+at sequence 2,048 on this loaded machine) and plans from those timings, which the other agents' load
+makes noisy: four builds at sequence 256 gave four plans, the longest-sequence answer moved 1,280-1,792
+with the plan, losses differed between rounds in the last digits, and the calibration priced a plan other
+than the one that ran. The model's per-layer costs are a pure function of the scenario, so every build
+plans the same, in milliseconds, and the calibration's row compares the same plan (``same_plan``).
+
+What the profile carries: the model's F, I, W and R per layer (ms per micro-batch, ``profile_of`` with
+the loss chunk the model prices), the analytic parameter and activation bytes, and the host link the
+model gives each device (``pool_host_bandwidth``) as both ``host_bandwidth`` and the copy bandwidth the
+pool prices LOAD/STORE with (``pool_plan.COPY_BANDWIDTH``; without it the pool would time a copy at
+build). It lacks what ``profile_layers`` measures for a memory budget alone (the bytes bounded over
+precisions, ``pool_kept``'s kept-until-W bytes): the budget the pool is given (``model_memory_budget``,
+the model's) is far above what the tiny model holds, so the analytic bytes that planning and ``check_fits``
+count in their place decide nothing.
+"""
+
+from __future__ import annotations
+
+from bubbleless_partition import Profile
+
+from .scenario import Scenario
+from .tiny import TokenLoss, make_layers
+
+
+def model_point(scenario: Scenario, *, seq_len: int):
+    """The cost model's point for a run of ``scenario`` at ``seq_len``: its shape, workers, batch, fp32, on
+    the committed ``cpu`` profile (the calibration's point, ``calibration.calibration_rows``)."""
+    from bench.modelled.calibrate import cpu_point
+
+    from .calibration import tiny_shape
+
+    return cpu_point(tiny_shape(scenario), gpus=scenario.workers, seq_len=seq_len, micro_batch=scenario.micro_batch,
+                     global_batch=scenario.global_batch, precision="fp32")
+
+
+def model_profile(scenario: Scenario, *, seq_len: int) -> Profile:
+    """The per-layer profile the model plans the pool on (``bench.modelled.ours._pool_plan_at``'s), with
+    its host link recorded as the pool's copy bandwidth."""
+    from bench.modelled.common import LOSS_CHUNK_TOKENS, profile_of
+    from bench.modelled.ours import pool_host_bandwidth
+    from bubbleless_runtime.pool_plan import COPY_BANDWIDTH
+
+    point = model_point(scenario, seq_len=seq_len)
+    bandwidth = pool_host_bandwidth(point)
+    prof = profile_of(point, loss_chunk_tokens=LOSS_CHUNK_TOKENS).with_(host_bandwidth=bandwidth)
+    return prof.with_(extra={**prof.extra, COPY_BANDWIDTH: bandwidth},
+                      source=f"cost model: {point.hardware.name} profile (bench/measured/rr_plan.py)")
+
+
+def model_memory_budget(scenario: Scenario, *, seq_len: int) -> float:
+    """Bytes per device the model holds the pool's plan to (``bench.modelled.ours._pool_plan_at``: twice its
+    per-group cap): the ``cpu`` profile's usable memory less one loss chunk of logits. Why the pool is
+    given it: ``auto_groups`` without a budget asks the generator for its own plan alone, with one (even
+    one no plan comes near, as here) also for those of the largest weight limit that fits
+    (``pool_plan_cap.generated_within``), so the two searches can keep different plans: at the tiny
+    scenario's point without a budget 5 one-layer groups a side, fused 3 (simulated 423 ms), with it
+    1 a side, fused 7 (359 ms, the model's)."""
+    from bench.modelled.common import LOSS_CHUNK_TOKENS, logits_bytes, usable_bytes
+
+    point = model_point(scenario, seq_len=seq_len)
+    return usable_bytes(point.hardware) - logits_bytes(point, seq_len * point.micro_batch, LOSS_CHUNK_TOKENS)
+
+
+def build_pool(scenario: Scenario, *, seq_len: int):
+    """The measured pool (``ours.roundrobin``): ``RoundRobinPipeline`` on CPU devices over the scenario's
+    layers, planned on ``model_profile`` under ``model_memory_budget`` (far above what the tiny model
+    holds: it shapes the search, not the plan's fit); ``precision="fp32"``: the steps run without autocast."""
+    from bubbleless_runtime import RoundRobinPipeline
+
+    return RoundRobinPipeline(
+        make_layers(scenario), devices=["cpu"] * scenario.workers, num_microbatches=scenario.microbatches,
+        loss_fn=TokenLoss(scenario.global_batch * seq_len), partition=model_profile(scenario, seq_len=seq_len),
+        memory_budget=model_memory_budget(scenario, seq_len=seq_len), trace=False, precision="fp32",
+        optimizer={"name": "adamw", "lr": scenario.lr, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0})
+
+
+def groups_record(groups) -> dict:
+    """A ``PoolGroups`` as JSON: the layer counts of the forward groups, the fused last group, the backward."""
+    return {"forward": list(groups.forward), "last": groups.last, "backward": list(groups.backward)}
+
+
+def plan_record(pipe) -> dict:
+    """What a built ``RoundRobinPipeline`` runs, for the result JSON: its groups, micro-batches per pool
+    step and schedule text (``Schedule.to_text``, which parses back)."""
+    return {"groups": groups_record(pipe.groups), "microbatches_per_pool_step": pipe.num_microbatches,
+            "schedule": pipe.schedule.to_text()}
+
+
+def model_plan(scenario: Scenario, *, seq_len: int) -> dict:
+    """The plan the model prices at this run's point: the fastest over its pool-step sizes
+    (``bench.modelled.ours._pool_plan``), groups and micro-batches per pool step as ``plan_record``."""
+    from bench.modelled.ours import _pool_plan
+
+    plan = _pool_plan(model_point(scenario, seq_len=seq_len))
+    return {"groups": groups_record(plan[0]), "microbatches_per_pool_step": plan[4]}
+
+
+def same_plan(ran: dict | None, priced: dict) -> str | None:
+    """None when the plan that ran (``plan_record``) is the one the model prices (``model_plan``), else why
+    not, in words; a run without a record did not say what it ran."""
+    if ran is None:
+        return "the run recorded no plan"
+    differ = [key for key in ("groups", "microbatches_per_pool_step") if ran.get(key) != priced[key]]
+    if not differ:
+        return None
+    return "; ".join(f"{key}: ran {ran.get(key)}, priced {priced[key]}" for key in differ)
