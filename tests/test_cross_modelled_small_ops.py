@@ -17,7 +17,13 @@ from bench.measured.common import ThreadWatch, schedstat_delta, thread_schedstat
 from bench.measured.runner import merge  # noqa: E402
 from bench.measured.scenario import load_scenario  # noqa: E402
 from bench.modelled.calibrate import calibrate, calibration_table, cpu_point  # noqa: E402
-from bench.modelled.common import Point, profile_of  # noqa: E402
+from bench.modelled.common import (  # noqa: E402
+    Accumulation,
+    Point,
+    pipeline_accumulation,
+    profile_of,
+    sharded_accumulation,
+)
 from bench.modelled.cpu_ops import (  # noqa: E402
     OTHER_OPS_PER_LAYER,
     CpuHardware,
@@ -76,10 +82,31 @@ def test_cross_small_ops_price_a_decoder_layer_and_the_head_as_documented():
     assert head.weight_grad == pytest.approx(2 * 256 * 2048 * tokens / 0.4e9 + 7 / 8 * 3 * head.param_bytes / 20e6)
     one = profile_of(point.at(global_batch=1), loss_chunk_tokens=None)  # one micro-batch: nothing to accumulate
     assert one.layers[1].weight_grad == pytest.approx(matmul / 0.4e9)
-    # the embedding and everything the memory models read stay the analytic profile's
+    # the embedding stays the analytic profile's but for the same accumulation in its W; what the memory
+    # models read stays the analytic profile's
     plain = analytic_profile(TINY, _cpu().for_dtype("fp32"), seq_len=256, dtype_bytes=4)
-    assert prof.layers[0] == plain.layers[0]
+    embedding = plain.layers[0]
+    assert prof.layers[0].weight_grad == pytest.approx(embedding.weight_grad + 7 / 8 * 3 * embedding.param_bytes / 20e6)
+    assert prof.layers[0] == replace(embedding, weight_grad=prof.layers[0].weight_grad)
+    assert embedding.param_bytes == 2048 * 256 * 4
     assert [lay.param_bytes for lay in prof.layers] == [lay.param_bytes for lay in plain.layers]
+
+
+def test_cross_small_ops_a_sharded_data_parallel_rank_accumulates_its_share_into_its_shard():
+    """FSDP2 and ZeRO: a rank runs 8 / 2 micro-batches and adds each reduce-scattered gradient into its half."""
+    point = Point(shape=TINY, hardware=_cpu(), gpus=2, seq_len=256, global_batch=8, precision="fp32")
+    assert sharded_accumulation(point) == Accumulation(microbatches=4, held_share=0.5)
+    assert pipeline_accumulation(point) == Accumulation(microbatches=8, held_share=1.0)
+    pipeline = profile_of(point, loss_chunk_tokens=None)
+    sharded = profile_of(point, loss_chunk_tokens=None, accumulation=sharded_accumulation(point))
+    for index in (0, 1, -1):  # embedding, a decoder layer, the head
+        size = pipeline.layers[index].param_bytes
+        assert pipeline.layers[index].weight_grad - sharded.layers[index].weight_grad == pytest.approx(
+            (7 / 8 - 3 / 4 * 0.5) * 3 * size / 20e6)
+    with pytest.raises(ValueError, match="microbatches must be a positive int"):
+        Accumulation(microbatches=0, held_share=1.0)
+    with pytest.raises(ValueError, match="held_share"):
+        Accumulation(microbatches=2, held_share=0.0)
 
 
 def test_cross_small_ops_slower_rates_give_fewer_tokens_per_s_for_every_system():

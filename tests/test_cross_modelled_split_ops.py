@@ -3,6 +3,7 @@ how the stage-bound model prices it (bench/modelled/ours.py ``_split_priced``)."
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -68,3 +69,41 @@ def test_cross_split_ops_refuse_bad_ratios_and_round_trip_through_the_ops_file(t
 def test_cross_split_ops_measure_positive_ratios_at_a_small_size():
     split = measure_split_backward(tokens=16, hidden=32, intermediate=64, heads=2, layers=2, repeats=1)
     assert split.forward_ratio > 0 and split.backward_ratio > 0 and "defer_weight_grads" in split.source
+
+
+def test_cross_split_ops_refuse_no_repeats_and_infinite_ratios():
+    with pytest.raises(ValueError, match="repeats must be a positive int"):
+        measure_split_backward(repeats=0)
+    for bad in (math.inf, math.nan):
+        with pytest.raises(ValueError, match="finite positive"):
+            SplitBackward(forward_ratio=bad, backward_ratio=1.0)
+
+
+def test_cross_split_ops_price_only_what_the_schedule_splits():
+    """DualPipeV runs some micro-batches whole (B) and splits others (I, W) on one stage: B keeps the plain
+    backward, I and W's compute carry the split's ratio (W's accumulation not: measured apart), and F the
+    deferred forward's extra in the share of the stage's micro-batches it splits."""
+    from bench.modelled.ours import _split_priced
+    from bubbleless_schedules import Costs, Kind, generate, simulate
+
+    base = Costs((1.0, 2.0, 3.0, 4.0), (1.0, 1.5, 2.0, 2.5), (1.0, 1.0, 2.0, 2.0), 0.0)
+    schedule = generate("dualpipev", num_ranks=2, num_microbatches=8, costs=base)
+    kinds = [[a.kind for _, _, a in schedule.all_actions() if a.stage == s] for s in range(4)]
+    assert any(Kind.B in k and Kind.I in k for k in kinds), "the case this prices: a stage that mixes B and I"
+    accumulation = (0.25, 0.25, 0.5, 0.5)
+    priced = _split_priced(base, accumulation, schedule, SplitBackward(forward_ratio=1.5, backward_ratio=2.0))
+    for s, k in enumerate(kinds):
+        share = k.count(Kind.I) / 8
+        assert priced.of(Kind.B, s) == base.backward_input[s] + base.backward_weight[s]
+        assert priced.of(Kind.F, s) == pytest.approx(base.forward[s] * (1 + 0.5 * share))
+        if share:
+            assert priced.of(Kind.I, s) == 2 * base.backward_input[s]
+            assert priced.of(Kind.W, s) == pytest.approx(2 * (base.backward_weight[s] - accumulation[s]) + accumulation[s])
+    # the simulator runs on those prices
+    timeline = simulate(schedule, priced)
+    assert timeline.makespan > simulate(schedule, base).makespan
+    zb = generate("zbv", num_ranks=2, num_microbatches=8, costs=base)  # splits every micro-batch
+    assert _split_priced(base, accumulation, zb, SplitBackward(forward_ratio=1.5, backward_ratio=2.0)).forward == (
+        1.5, 3.0, 4.5, 6.0)
+    one_f_one_b = generate("1f1b", num_ranks=4, num_microbatches=8, costs=base)
+    assert _split_priced(base, accumulation, one_f_one_b, SplitBackward(forward_ratio=1.5, backward_ratio=2.0)) is base

@@ -135,35 +135,82 @@ def usable_bytes(hw: Hardware) -> float:
     return hw.memory_bytes * (1 - HEADROOM) - CONTEXT_BYTES
 
 
-def profile_of(point: Point, *, loss_chunk_tokens: int | None, seq_len: int | None = None) -> Profile:
-    """Per-layer costs (ms per micro-batch) at the point's precision; LoRA zeroes the frozen base's W."""
+@dataclass(frozen=True, kw_only=True)
+class Accumulation:
+    """How one rank of a system accumulates its micro-batches' weight gradients over a step (priced on a
+    profile with measured small ops: ``small_op_profile``)."""
+
+    microbatches: int
+    """Micro-batches a rank runs each of its layers through in a step: all of the first takes its gradient as
+    is, every later one adds into the buffer."""
+    held_share: float
+    """Share of a layer's parameter bytes the buffer it adds into holds: 1 for a full ``.grad``, 1 / GPUs for
+    a shard (FSDP2 and ZeRO reduce-scatter every micro-batch and add into the rank's shard)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.microbatches, bool) or not isinstance(self.microbatches, int) or self.microbatches < 1:
+            raise ValueError(f"Accumulation.microbatches must be a positive int, got {self.microbatches!r}")
+        if not 0 < self.held_share <= 1:
+            raise ValueError(f"Accumulation.held_share must be in (0, 1], got {self.held_share!r}")
+
+    @property
+    def adding_share(self) -> float:
+        """Share of a rank's micro-batches that add into the buffer."""
+        return (self.microbatches - 1) / self.microbatches
+
+
+def pipeline_accumulation(point: Point) -> Accumulation:
+    """A pipeline stage (ours, torch's ``Schedule1F1B``): every micro-batch of the step, into full ``.grad``."""
+    return Accumulation(microbatches=point.microbatches, held_share=1.0)
+
+
+def sharded_accumulation(point: Point) -> Accumulation:
+    """A data-parallel rank of FSDP2 or ZeRO-2/3: its share of the micro-batches (``data_parallel_slices``,
+    ``gradient_accumulation_steps``), each reduce-scattered and added into the rank's 1 / GPUs shard."""
+    return Accumulation(microbatches=math.ceil(point.global_batch / (point.gpus * point.micro_batch)),
+                        held_share=1.0 / point.gpus)
+
+
+def profile_of(point: Point, *, loss_chunk_tokens: int | None, seq_len: int | None = None,
+               accumulation: Accumulation | None = None) -> Profile:
+    """Per-layer costs (ms per micro-batch) at the point's precision; LoRA zeroes the frozen base's W.
+    ``accumulation``: the system's (default: a pipeline stage's), priced where the profile measures small ops."""
     hw = point.hardware.for_dtype(point.precision)
     prof = analytic_profile(point.shape, hw, seq_len=seq_len or point.seq_len, micro_batch_size=point.micro_batch,
                             dtype_bytes=point.dtype_bytes, loss_chunk_tokens=loss_chunk_tokens)
     if isinstance(hw, CpuHardware):
         prof = small_op_profile(prof, point, hw.small_ops, seq_len=seq_len or point.seq_len,
-                                layout=hw.layout_backward)
+                                layout=hw.layout_backward,
+                                accumulation=accumulation or pipeline_accumulation(point))
     if point.lora_rank is None:
         return prof
     return prof.with_(layers=tuple(replace(layer, weight_grad=0.0) for layer in prof.layers))
 
 
+def accumulation_ms(layer: LayerCost, ops: SmallOps, accumulation: Accumulation) -> float:
+    """Per-micro-batch price of adding ``layer``'s weight gradients into the buffer ``accumulation`` says:
+    ``ACCUMULATE_PASSES`` over the bytes it holds at the backward elementwise rate, in its adding share."""
+    bytes_per_ms = ops.elementwise_gb_s[1] * 1e6
+    return accumulation.adding_share * ACCUMULATE_PASSES * layer.param_bytes * accumulation.held_share / bytes_per_ms
+
+
 def small_op_profile(prof: Profile, point: Point, ops: SmallOps, *, seq_len: int,
-                     layout: LayoutBackward | None = None) -> Profile:
+                     layout: LayoutBackward | None = None, accumulation: Accumulation | None = None) -> Profile:
     """``prof`` with its decoder layers and LM head priced at the measured small-op rates (the module
     docstring; ``cpu_ops`` says how each rate is measured); the embedding keeps its memory-bound price.
 
     A decoder layer: F = its matrix multiplies at the forward GEMM rate + attention at the forward attention
     rate + its memory-bound bytes at the forward elementwise rate + half the untimed ops' overhead; I = the
     same at the backward rates (attention and elementwise backward counted twice the forward) + the other
-    half; W = its matrix multiplies at the weight-gradient rate, plus accumulating its weight gradients into
-    ``.grad`` (``ACCUMULATE_PASSES`` over its parameter bytes at the backward elementwise rate, in all of the
-    step's micro-batches but the first: the per-micro-batch price carries (m - 1) / m of it); where ``layout``
+    half; W = its matrix multiplies at the weight-gradient rate, plus accumulating its weight gradients
+    (``accumulation_ms``: the system's ``accumulation``, a pipeline stage's by default); where ``layout``
     is measured (``layout_ops``), I also carries the copies of the q/k/v and gate/up gradients into the fused
     projections' layout at its rate. The head: its
     vocabulary projection at the three GEMM rates, the loss bytes (the analytic count) at the loss rates,
-    its norm at the elementwise, and the same accumulation in W.
+    its norm at the elementwise, and the same accumulation in W. The embedding keeps its analytic price
+    and adds the same accumulation to its W (its dense gradient is added into its buffer as any other).
     """
+    accumulation = accumulation or pipeline_accumulation(point)
     s, d = point.shape, point.dtype_bytes
     tokens = prof.tokens_per_microbatch
     (gf, gi, gw), (af, ab), (ef, eb), (lf, lb) = ((r * 1e9 for r in rates) for rates in (
@@ -175,10 +222,9 @@ def small_op_profile(prof: Profile, point: Point, ops: SmallOps, *, seq_len: int
     dispatch = OTHER_OPS_PER_LAYER * ops.op_overhead_s * 1e3 / 2
     copies = 0.0 if layout is None else tokens * layout_bytes_per_token(s.hidden, s.active_mlp_width(), d) / (
         layout.gb_s * 1e6)  # bytes per ms
-    share = (point.microbatches - 1) / point.microbatches  # the first micro-batch's gradient is taken as is
 
     def accumulate(layer) -> float:
-        return share * ACCUMULATE_PASSES * layer.param_bytes / eb
+        return accumulation_ms(layer, ops, accumulation)
 
     decoder = {"forward": matmul / gf + attention / af + memory / ef + dispatch,
                "input_grad": matmul / gi + 2 * attention / ab + BACKWARD_ELEMENTWISE * memory / eb + dispatch
@@ -192,7 +238,8 @@ def small_op_profile(prof: Profile, point: Point, ops: SmallOps, *, seq_len: int
             "weight_grad": head_matmul / gw + accumulate(prof.layers[-1])}
     if len(prof.layers) != s.num_layers + 2:
         raise ValueError(f"small-op pricing needs the head whole (one lm_head layer), got {len(prof.layers)} layers")
-    priced = [prof.layers[0]]
+    embedding = prof.layers[0]
+    priced = [replace(embedding, weight_grad=embedding.weight_grad + accumulate(embedding))]
     priced += [replace(layer, **decoder, recompute=decoder["forward"]) for layer in prof.layers[1:-1]]
     priced.append(replace(prof.layers[-1], **head, recompute=head["forward"]))
     return prof.with_(layers=tuple(priced))

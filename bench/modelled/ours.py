@@ -15,7 +15,8 @@ per-stage costs; the step's compute is the simulated makespan. Assumptions:
   ``adam_ops`` measures over the model's own tensors (what the measured CPU runs step).
 - no recompute; the loss chunked by 4,096 tokens (our runtime's ``chunked_cross_entropy``).
 - the backward split free (I + W = B) except on a profile that carries its measured cost (``split_ops``:
-  the ``cpu`` profile), where a split stage's F, I and W are scaled by it (``_split_priced``).
+  the ``cpu`` profile), where the split I and W actions and the forwards of split micro-batches carry it
+  (``_split_priced``; unsplit B actions do not).
 - peak memory per GPU: its stages' state, plus the simulated peak of micro-batches in flight
   (``Timeline.peak_memory``, with I freeing nothing until W: pessimistic for ZB) times one micro-batch's
   saved activations of its layers, plus one loss chunk on the GPU holding the head.
@@ -73,7 +74,7 @@ simulated step is shortest among those that fit the GPU. Assumptions:
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from bubbleless_partition import cut
@@ -83,12 +84,14 @@ from .common import (
     LOSS_CHUNK_TOKENS,
     Point,
     Prediction,
+    accumulation_ms,
     done,
     hidden_bytes,
     layer_params,
     logits_bytes,
     longest_sequence,
     not_fitting,
+    pipeline_accumulation,
     profile_of,
     rank_optimizer_s,
     state_bytes_per_trainable,
@@ -136,31 +139,65 @@ def _stage_bound_plan(name: str, point: Point):
         max((prof.cut_transfer_time(b) for b in part.boundaries), default=0.0),
     )
     schedule = generate(name, num_ranks=p, num_microbatches=point.microbatches, costs=costs)
-    split = _split_priced(costs, schedule, point)
-    if split != costs:
-        costs = split
-        schedule = generate(name, num_ranks=p, num_microbatches=point.microbatches, costs=costs)
+    measured = getattr(point.hardware, "split_backward", None)
+    if measured is not None:  # a cpu profile: price the split the schedule makes, rebuild, until it stays
+        accumulation = [0.0 if point.lora_rank is not None else  # LoRA: no W, so nothing accumulated in it
+                        sum(accumulation_ms(prof.layers[i], point.hardware.small_ops, pipeline_accumulation(point))
+                            for i in r) for r in stages]
+        priced = costs
+        for _ in range(SPLIT_REBUILDS):
+            again = _split_priced(costs, accumulation, schedule, measured)
+            if again == priced:
+                break
+            priced = again
+            schedule = generate(name, num_ranks=p, num_microbatches=point.microbatches, costs=priced)
+        costs = _split_priced(costs, accumulation, schedule, measured)  # the schedule simulated, by its own split
     timeline = simulate(schedule, costs)
     ranks = [[i for s, r in enumerate(schedule.stage_to_rank) if r == rank for i in stages[s]] for rank in range(p)]
     return part.sizes, ranks, timeline.makespan, timeline.peak_memory
 
 
-def _split_priced(costs: Costs, schedule, point: Point) -> Costs:
-    """``costs`` with each stage the schedule splits (any I action) at the measured cost of the runtime's
-    split, where the profile carries it (``split_ops``: a ``cpu`` profile): F times the deferred forward's
-    ratio, I and W times the split backward's (I + W over B). A stage that also runs some micro-batches
-    whole (B) is priced split throughout (pessimistic; no registered schedule mixes them on one stage)."""
-    measured = getattr(point.hardware, "split_backward", None)
-    split = {a.stage for _, _, a in schedule.all_actions() if a.kind is Kind.I}
-    if measured is None or not split:
+SPLIT_REBUILDS = 4
+"""Times the stage-bound plan is rebuilt on the split-priced costs until the split set stays (ZB-V and ZB
+split every micro-batch, so their set never moves; DualPipeV's may)."""
+
+
+@dataclass(frozen=True)
+class SplitPricedCosts(Costs):
+    """``Costs`` whose B is the unsplit backward's (``whole_backward``, per stage), where I and W carry the
+    split's measured cost: a stage that runs some micro-batches whole and splits others (DualPipeV) pays the
+    split only on the ones it splits."""
+
+    whole_backward: tuple[float, ...] = ()
+
+    def of(self, kind: Kind, stage: int, stages_per_rank: float = 1.0) -> float:
+        if kind is Kind.B:
+            return self.whole_backward[stage]
+        return super().of(kind, stage, stages_per_rank)
+
+
+def _split_priced(costs: Costs, accumulation, schedule, measured) -> Costs:
+    """``costs`` (per stage) with the runtime's split at its measured cost (``split_ops``: a ``cpu``
+    profile's ``split_backward``) on what the schedule splits: I and the compute of W times the split
+    backward's ratio (I + W over B), W's gradient accumulation (``accumulation``, ms per stage; measured
+    apart: ``split_ops`` times into fresh gradients) as it is, B as the unsplit I + W. F: the simulator
+    prices an action by its kind and stage, not its micro-batch, so each stage's F carries the deferred
+    forward's extra in the share of its micro-batches it splits (exact over the stage's work; averaged
+    over its F actions). ``costs`` as it is where the schedule splits nothing."""
+    splits = [0] * schedule.num_stages
+    for _, _, action in schedule.all_actions():
+        if action.kind is Kind.I:
+            splits[action.stage] += 1
+    if not any(splits):
         return costs
-
-    def scaled(values, ratio):
-        return tuple(v * ratio if stage in split else v for stage, v in enumerate(values))
-
-    return replace(costs, forward=scaled(costs.forward, measured.forward_ratio),
-                   backward_input=scaled(costs.backward_input, measured.backward_ratio),
-                   backward_weight=scaled(costs.backward_weight, measured.backward_ratio))
+    share = [n / schedule.num_microbatches for n in splits]
+    ratio = measured.backward_ratio
+    forward = tuple(f * (1 + (measured.forward_ratio - 1) * share[s]) for s, f in enumerate(costs.forward))
+    backward_input = tuple(i * ratio if share[s] else i for s, i in enumerate(costs.backward_input))
+    backward_weight = tuple((w - accumulation[s]) * ratio + accumulation[s] if share[s] else w
+                            for s, w in enumerate(costs.backward_weight))
+    whole = tuple(i + w for i, w in zip(costs.backward_input, costs.backward_weight, strict=True))
+    return SplitPricedCosts(forward, backward_input, backward_weight, costs.comm, whole_backward=whole)
 
 
 def _stage_bound_peak(point: Point, ranks, in_flight, seq_len: int) -> float:

@@ -17,6 +17,7 @@ split_cost.py measures the same split by wall time for the runtime's record).
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -33,13 +34,16 @@ class SplitBackward:
     source: str = ""
 
     def __post_init__(self) -> None:
-        if not (self.forward_ratio > 0 and self.backward_ratio > 0):
-            raise ValueError(f"SplitBackward ratios must be positive, got {self!r}")
+        if not all(0 < ratio < math.inf for ratio in (self.forward_ratio, self.backward_ratio)):
+            raise ValueError(f"SplitBackward ratios must be finite positive numbers, got {self!r}")
 
 
 def measure_split_backward(*, tokens: int = 256, hidden: int = 256, intermediate: int = 768, heads: int = 4,
                            layers: int = 6, repeats: int = 31) -> SplitBackward:
     """Time the split against the plain pass on the calling thread (set torch's threads first)."""
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"measure_split_backward repeats must be a positive int (paired repeats to take the "
+                         f"median of, e.g. 31), got {repeats!r}")
     import torch
     from torch import nn
 
