@@ -120,10 +120,11 @@ def _plan_note(scenario: Scenario, systems: dict) -> str:
         return ""
     priced = model_plan(scenario, seq_len=scenario.seq_len)
     ran = run.get("plan")
-    source = "the plan the run recorded"
+    source = "the plan the run recorded (the result's `plan`)"
     if ran is None:
         ran = plan_record(build_pool(scenario, seq_len=scenario.seq_len))
-        source = "the result records no plan; the plan the measured pool builds from the same costs"
+        source = ("the plan the measured pool builds from the same costs (this result records none: "
+                  "bench/measured/runner.py passes on only a run's device_peak_bytes and optimizer)")
     groups = priced["groups"]
     said = (f"forward groups {groups['forward']}, fused last group of {groups['last']}, backward groups "
             f"{groups['backward']}, {priced['microbatches_per_pool_step']} micro-batches a pool step")
