@@ -63,7 +63,7 @@ def run_system(scenario: Scenario, system: str, *, steps: int, warmup: int, seq_
            "peak_growth_bytes": max(r["peak_growth_bytes"] for r in per_rank),
            "peak_rss_bytes": max(r["peak_rss_bytes"] for r in per_rank), "processes": nproc,
            "threads": threads, "wall_s": time.perf_counter() - started}
-    for key in ("device_peak_bytes", "optimizer"):
+    for key in ("device_peak_bytes", "optimizer", "plan", "build_s"):
         if key in per_rank[0]:
             out[key] = per_rank[0][key]
     if all("wait_s" in r for r in per_rank):  # per timed step: the longest wait of any rank, all ranks' CPU
@@ -134,7 +134,7 @@ def merge(scenario: Scenario, runs: list[dict]) -> dict:
         "processes": first["processes"], "threads": first["threads"], "runs": len(good),
         "failed_runs": [r["error"] for r in runs if "error" in r],
     }
-    for key in ("device_peak_bytes", "optimizer"):
+    for key in ("device_peak_bytes", "optimizer", "plan", "build_s"):
         if key in first:
             out[key] = first[key]
     if all("wait_s" in r for r in good):

@@ -68,6 +68,7 @@ from .common import (
     not_fitting,
     profile_of,
     rank_optimizer_s,
+    sharded_accumulation,
     state_bytes_per_trainable,
     trainable_params,
     usable_bytes,
@@ -176,7 +177,7 @@ def _sharded(system: str, adam_field: str, label: str):
     def model(point: Point) -> Prediction:
         capacity = usable_bytes(point.hardware)
         recompute = _sharded_peak(point, point.seq_len, False) > capacity
-        prof = profile_of(point, loss_chunk_tokens=None)
+        prof = profile_of(point, loss_chunk_tokens=None, accumulation=sharded_accumulation(point))
         per_mb, bound = _sharded_microbatch_s(point, prof, recompute)
         steps = _accumulation(point)
         optimizer = trainable_params(point) / getattr(point.hardware, adam_field)
@@ -210,7 +211,7 @@ def zero2(point: Point) -> Prediction:
     """DeepSpeed ZeRO-2 with the optimizer offloaded (see the module docstring)."""
     capacity = usable_bytes(point.hardware)
     recompute = _zero2_peak(point, point.seq_len, False) > capacity
-    prof = profile_of(point, loss_chunk_tokens=None)
+    prof = profile_of(point, loss_chunk_tokens=None, accumulation=sharded_accumulation(point))
     g = point.gpus
     weights = sum(layer.param_bytes for layer in prof.layers)
     grads = weights * _grad_fraction(point)
