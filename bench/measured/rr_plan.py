@@ -13,9 +13,9 @@ the loss chunk the model prices), the analytic parameter and activation bytes, a
 model gives each device (``pool_host_bandwidth``) as both ``host_bandwidth`` and the copy bandwidth the
 pool prices LOAD/STORE with (``pool_plan.COPY_BANDWIDTH``; without it the pool would time a copy at
 build). It lacks what ``profile_layers`` measures for a memory budget alone (the bytes bounded over
-precisions, ``pool_kept``'s kept-until-W bytes): the budget the pool is given (``model_memory_budget``,
-the model's) is far above what the tiny model holds, so the analytic bytes that planning and ``check_fits``
-count in their place decide nothing.
+precisions, ``pool_kept``'s kept-until-W bytes): the pool is given no memory budget (the model's is far
+above what the tiny model holds, and without one ``auto_groups`` tries what any budget would,
+``pool_plan_cap.generated_within``), so the analytic bytes decide nothing.
 """
 
 from __future__ import annotations
@@ -51,30 +51,16 @@ def model_profile(scenario: Scenario, *, seq_len: int) -> Profile:
                       source=f"cost model: {point.hardware.name} profile (bench/measured/rr_plan.py)")
 
 
-def model_memory_budget(scenario: Scenario, *, seq_len: int) -> float:
-    """Bytes per device the model holds the pool's plan to (``bench.modelled.ours._pool_plan_at``: twice its
-    per-group cap): the ``cpu`` profile's usable memory less one loss chunk of logits. Why the pool is
-    given it: ``auto_groups`` without a budget asks the generator for its own plan alone, with one (even
-    one no plan comes near, as here) also for those of the largest weight limit that fits
-    (``pool_plan_cap.generated_within``), so the two searches can keep different plans: at the tiny
-    scenario's point without a budget 5 one-layer groups a side, fused 3 (simulated 423 ms), with it
-    1 a side, fused 7 (359 ms, the model's)."""
-    from bench.modelled.common import LOSS_CHUNK_TOKENS, logits_bytes, usable_bytes
-
-    point = model_point(scenario, seq_len=seq_len)
-    return usable_bytes(point.hardware) - logits_bytes(point, seq_len * point.micro_batch, LOSS_CHUNK_TOKENS)
-
-
 def build_pool(scenario: Scenario, *, seq_len: int):
     """The measured pool (``ours.roundrobin``): ``RoundRobinPipeline`` on CPU devices over the scenario's
-    layers, planned on ``model_profile`` under ``model_memory_budget`` (far above what the tiny model
-    holds: it shapes the search, not the plan's fit); ``precision="fp32"``: the steps run without autocast."""
+    layers, planned on ``model_profile`` with no memory budget (the model's is far above what the tiny model
+    holds); ``precision="fp32"``: the steps run without autocast."""
     from bubbleless_runtime import RoundRobinPipeline
 
     return RoundRobinPipeline(
         make_layers(scenario), devices=["cpu"] * scenario.workers, num_microbatches=scenario.microbatches,
         loss_fn=TokenLoss(scenario.global_batch * seq_len), partition=model_profile(scenario, seq_len=seq_len),
-        memory_budget=model_memory_budget(scenario, seq_len=seq_len), trace=False, precision="fp32",
+        trace=False, precision="fp32",
         optimizer={"name": "adamw", "lr": scenario.lr, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0})
 
 
