@@ -100,7 +100,9 @@ class RoundRobinPipeline:
     arguments of ``bubbleless_offload.HostOptimizer`` (``{"name": "adamw", "lr": ...}``), plus
     ``"asynchronous": True`` for the one-step-stale optimizer (module docstring).
     ``memory_budget``: bytes each device may hold; a plan that cannot fit is refused here, and the
-    executor counts every tensor it places at run time (``DeviceOutOfMemory`` from ``step``).
+    executor counts every tensor it places at run time (``DeviceOutOfMemory`` from ``step``). None (the
+    default): no limit, read from nowhere (not a GPU's free memory either): ``partition="auto"`` plans the
+    fastest it finds, as under a budget every layer fits in, and the executor counts without refusing.
     ``precision``: what every ``step`` runs in, "fp32" (no autocast), "bf16" or "fp16" (the caller's
     ``torch.autocast`` at that dtype), so ``partition="auto"`` plans memory for it alone; None (the default)
     plans for the most of the three and lets a step run in any. A step in another precision than the one
