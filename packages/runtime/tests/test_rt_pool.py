@@ -358,7 +358,7 @@ def test_rt_pool_auto_plan_also_tries_the_layer_cost_dispatch_and_keeps_the_fast
     profile = Profile(layers=body + (head,))
     plan = {"num_devices": 2, "num_microbatches": 4, "name": "roundrobin", "options": {}, "bandwidth": None}
     _, schedule, costs = pool_plan.auto_groups(profile, memory_cap=None, **plan)
-    _, dp_schedule, dp_costs = pool_plan.auto_groups(profile, memory_cap=1e18, **plan)  # a cap: the DP cuts only
+    _, dp_schedule, dp_costs = pool_plan.auto_groups(profile, memory_cap=1e18, **plan)  # a cap every layer fits in: never faster than none
     layer = generate("roundrobin", num_ranks=2, num_microbatches=4,
                      layer_costs=pool_plan.layer_costs_of(profile, bandwidth=None))
     layer_span = simulate(layer, pool_plan.job_costs(profile, pool_groups(layer), bandwidth=None)).makespan
