@@ -310,3 +310,24 @@ def test_cross_small_ops_an_interrupted_probe_stops_the_search(monkeypatch):
     scenario = load_scenario(ROOT / "bench" / "scenarios" / "tiny.yaml")
     with pytest.raises(RunInterrupted):
         runner.probe(scenario, "ddp", 256)
+
+
+def test_cross_small_ops_an_entry_measured_by_its_own_command_keeps_the_others(tmp_path, monkeypatch):
+    """adam_ops, split_ops and layout_ops store their entry through one writer: on one thread, the rest kept."""
+    import torch
+    import yaml
+
+    from bench.modelled import cpu_profile
+    from bench.modelled.ops_entry import write_ops_entry
+
+    hw_path = tmp_path / "cpu.yaml"
+    ops_path(hw_path).write_text(yaml.safe_dump({**small_ops_to_dict(OPS), "framework": {"value": 1}}))
+    monkeypatch.setattr(cpu_profile, "DEFAULT_PATH", hw_path)
+    threads = torch.get_num_threads()
+    try:
+        stored = write_ops_entry("adamw", lambda: {"value": [torch.get_num_threads()], "source": "test"})
+    finally:
+        torch.set_num_threads(threads)
+    data = yaml.safe_load(ops_path(hw_path).read_text())
+    assert stored == data["adamw"] == {"value": [1], "source": "test"}
+    assert data["framework"] == {"value": 1} and data["gemm_tflops"] == small_ops_to_dict(OPS)["gemm_tflops"]

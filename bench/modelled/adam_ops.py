@@ -106,18 +106,9 @@ def adamw_from_dict(data: dict) -> AdamWRates:
 
 
 def main() -> None:
-    import torch
-    import yaml
+    from .ops_entry import write_ops_entry
 
-    from .cpu_ops import ops_path
-    from .cpu_profile import DEFAULT_PATH
-
-    torch.set_num_threads(1)  # what each measured rank runs (bench/scenarios/tiny.yaml threads)
-    path = ops_path(DEFAULT_PATH)
-    data = yaml.safe_load(path.read_text())
-    data["adamw"] = adamw_to_dict(measure_adamw())
-    path.write_text(yaml.safe_dump(data, sort_keys=False, width=110))
-    print(f"wrote the adamw entry of {path}: {data['adamw']['value']}")
+    write_ops_entry("adamw", lambda: adamw_to_dict(measure_adamw()))
 
 
 if __name__ == "__main__":

@@ -83,18 +83,9 @@ def layout_backward_from_dict(data: dict) -> LayoutBackward:
 
 
 def main() -> None:
-    import torch
-    import yaml
+    from .ops_entry import write_ops_entry
 
-    from .cpu_ops import ops_path
-    from .cpu_profile import DEFAULT_PATH
-
-    torch.set_num_threads(1)  # what each measured rank runs (bench/scenarios/tiny.yaml threads)
-    path = ops_path(DEFAULT_PATH)
-    data = yaml.safe_load(path.read_text())
-    data["layout_backward"] = layout_backward_to_dict(measure_layout_backward())
-    path.write_text(yaml.safe_dump(data, sort_keys=False, width=110))
-    print(f"wrote the layout_backward entry of {path}: {data['layout_backward']['value']} GB/s")
+    write_ops_entry("layout_backward", lambda: layout_backward_to_dict(measure_layout_backward()))
 
 
 if __name__ == "__main__":

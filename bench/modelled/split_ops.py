@@ -106,18 +106,9 @@ def split_backward_from_dict(data: dict) -> SplitBackward:
 
 
 def main() -> None:
-    import torch
-    import yaml
+    from .ops_entry import write_ops_entry
 
-    from .cpu_ops import ops_path
-    from .cpu_profile import DEFAULT_PATH
-
-    torch.set_num_threads(1)  # what each measured rank runs (bench/scenarios/tiny.yaml threads)
-    path = ops_path(DEFAULT_PATH)
-    data = yaml.safe_load(path.read_text())
-    data["split_backward"] = split_backward_to_dict(measure_split_backward())
-    path.write_text(yaml.safe_dump(data, sort_keys=False, width=110))
-    print(f"wrote the split_backward entry of {path}: {data['split_backward']['value']}")
+    write_ops_entry("split_backward", lambda: split_backward_to_dict(measure_split_backward()))
 
 
 if __name__ == "__main__":
