@@ -81,6 +81,9 @@ def test_rt_pool_plan_a_measured_profile_passed_back_plans_on_its_own_copy_bandw
     again = RoundRobinPipeline(tiny_model(8, width=64), devices=["cpu"] * 2, num_microbatches=4, loss_fn=tiny_loss,
                                partition=first.profile, timeout=60)
     assert again.schedule.to_text() == first.schedule.to_text() and again.stage_costs == first.stage_costs
+    from bubbleless_runtime.report import pool_partition_effect
+
+    assert "auto cut" in pool_partition_effect(again)  # the report prices the plan's LOAD/STORE the same way
     bare = first.profile.with_(extra={k: v for k, v in first.profile.extra.items() if k != pool_plan.COPY_BANDWIDTH})
     with pytest.raises(AssertionError, match="measured again"):
         RoundRobinPipeline(tiny_model(8, width=64), devices=["cpu"] * 2, num_microbatches=4, loss_fn=tiny_loss,

@@ -204,13 +204,13 @@ def pool_partition_effect(pipeline) -> str:
     from bubbleless_schedules import simulate
     from bubbleless_schedules.roundrobin_layout import pool_groups
 
-    from .pool_plan import copy_bandwidth, generate_pool, job_costs
+    from .pool_plan import copy_bandwidth_of, generate_pool, job_costs
 
     profile, schedule = pipeline.profile, pipeline.schedule
     even = generate_pool(schedule.name or "roundrobin", None, num_layers=profile.num_layers,
                          num_devices=len(pipeline.devices), num_microbatches=pipeline.num_microbatches,
                          costs=None, options={})
-    bandwidth = copy_bandwidth(pipeline.devices[0])  # what the auto cut priced LOAD/STORE with
+    bandwidth = copy_bandwidth_of(profile, pipeline.devices[0])  # what the auto cut priced LOAD/STORE with
     lines = ["partition     auto (every count of backward groups cut from the layer profile, the fastest "
              "simulated kept), with the layer profile (per-job F/R/B, LOAD/STORE at the measured copy rate)"]
     for label, plan in (("even", even), ("auto", schedule)):
