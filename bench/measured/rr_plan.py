@@ -38,16 +38,14 @@ def model_point(scenario: Scenario, *, seq_len: int):
 
 
 def model_profile(scenario: Scenario, *, seq_len: int) -> Profile:
-    """The per-layer profile the model plans the pool on (``bench.modelled.ours._pool_plan_at``'s), with
-    its host link recorded as the pool's copy bandwidth."""
-    from bench.modelled.common import LOSS_CHUNK_TOKENS, profile_of
-    from bench.modelled.ours import pool_host_bandwidth
+    """The per-layer profile the model plans the pool on (``bench.modelled.ours.pool_profile``), with its
+    host link recorded as the pool's copy bandwidth."""
+    from bench.modelled.ours import pool_profile
     from bubbleless_runtime.pool_plan import COPY_BANDWIDTH
 
     point = model_point(scenario, seq_len=seq_len)
-    bandwidth = pool_host_bandwidth(point)
-    prof = profile_of(point, loss_chunk_tokens=LOSS_CHUNK_TOKENS).with_(host_bandwidth=bandwidth)
-    return prof.with_(extra={**prof.extra, COPY_BANDWIDTH: bandwidth},
+    prof = pool_profile(point)
+    return prof.with_(extra={**prof.extra, COPY_BANDWIDTH: prof.host_bandwidth},
                       source=f"cost model: {point.hardware.name} profile (bench/measured/rr_plan.py)")
 
 

@@ -52,8 +52,8 @@ from .split_ops import SplitBackward, split_backward_from_dict
 FORMAT = "bubbleless-bench/cpu-ops-v1"
 MEASURED_APART = ("framework", "split_backward", "adamw", "layout_backward")
 """Entries of the ops file measured by their own commands (``framework_ops``, ``split_ops``, ``adam_ops``,
-``layout_ops``),
-not small-op rates: ``--measure-cpu`` keeps them as they were (``cpu_profile.write_cpu_profile``)."""
+``layout_ops``, each through ``ops_entry.write_ops_entry``), not small-op rates: ``--measure-cpu`` keeps
+them as they were (``cpu_profile.write_cpu_profile``)."""
 
 
 def elementwise_bytes_per_token(hidden: int, intermediate: int, dtype_bytes: int) -> float:

@@ -289,16 +289,9 @@ def framework_ops_from_dict(data: dict) -> FrameworkOps:
 
 
 def main() -> None:
-    import yaml
+    from .ops_entry import write_ops_entry
 
-    from .cpu_ops import ops_path
-    from .cpu_profile import DEFAULT_PATH
-
-    path = ops_path(DEFAULT_PATH)
-    data = yaml.safe_load(path.read_text())
-    data["framework"] = framework_ops_to_dict(measure_framework_ops())
-    path.write_text(yaml.safe_dump(data, sort_keys=False, width=110))
-    print(f"wrote the framework entry of {path}")
+    write_ops_entry("framework", lambda: framework_ops_to_dict(measure_framework_ops()))
 
 
 if __name__ == "__main__":

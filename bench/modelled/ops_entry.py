@@ -1,8 +1,8 @@
 """Write one entry of the cpu profile's ops file (``cpu_ops.ops_path``), measured by its own command.
 
-The entries ``--measure-cpu`` does not measure (``adamw``, ``layout_backward``, ``split_backward``, ...) are each
-timed by a module's ``main``; this is the one place that runs that measurement at the measured ranks' thread
-count and stores it beside the others.
+The entries ``--measure-cpu`` does not measure (``cpu_ops.MEASURED_APART``) are each timed by a module's
+``main``; this is the one place that runs that measurement at the measured ranks' thread count and stores
+it beside the others (``framework_ops`` times spawned ranks of one thread each, so the count is theirs too).
 """
 
 from __future__ import annotations

@@ -277,11 +277,17 @@ def _pool_plan(point: Point):
     return best
 
 
+def pool_profile(point: Point):
+    """The per-layer profile the pool is planned on: ``profile_of`` with the loss chunk the pool runs, and each
+    GPU's share of the host link (``pool_host_bandwidth``) as its host bandwidth."""
+    return profile_of(point, loss_chunk_tokens=LOSS_CHUNK_TOKENS).with_(host_bandwidth=pool_host_bandwidth(point))
+
+
 def _pool_plan_at(point: Point, microbatches: int):
     from bubbleless_runtime.pool_plan import auto_groups, plan_peak_bytes  # torch with it: import on use
 
     bandwidth = pool_host_bandwidth(point)
-    prof = profile_of(point, loss_chunk_tokens=LOSS_CHUNK_TOKENS).with_(host_bandwidth=bandwidth)
+    prof = pool_profile(point)
     tokens = point.seq_len * point.micro_batch
     # cut()'s cap is per group; a GPU holds two (auto_groups holds every plan to 2 x cap per GPU, counted by
     # plan_peak_bytes with each held micro-batch's input and handed-down gradient), besides the loss chunk.

@@ -12,7 +12,7 @@ layers (``bench.measured.tiny.DecoderLayer``), by the timing thread's CPU time, 
 back in an order that alternates, the ratios the median of the per-repeat ratios (bench/runtime/
 split_cost.py measures the same split by wall time for the runtime's record).
 
-``python bench/model.py --measure-cpu`` rewrites cpu_ops.yaml without this entry; run this after it.
+``python bench/model.py --measure-cpu`` keeps this entry as it is (``cpu_ops.MEASURED_APART``).
 """
 
 from __future__ import annotations
