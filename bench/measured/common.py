@@ -87,7 +87,6 @@ class ThreadWatch:
                              f"{WATCH_PERIOD_S}), got {period_s!r}")
         self.period_s = period_s
         self.polls = 0
-        self.polls = 0
         """Readings the watcher thread has recorded or dropped (tests wait on it)."""
         self._seen: dict[tuple[str, int], tuple[int, int]] = {}
         self._generation = 0

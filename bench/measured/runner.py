@@ -35,6 +35,11 @@ def worker(rank: int, system: str, scenario: dict, steps: int, warmup: int, seq_
     return out
 
 
+SYSTEM_EXTRAS = ("device_peak_bytes", "optimizer", "plan", "build_s")
+"""What some systems' first rank adds to its result (the pool's device accounting, plan and build time; the
+optimizer DeepSpeed picked), passed on as it is by a run and by the rounds' summary."""
+
+
 def processes(scenario: Scenario, system: str) -> tuple[int, int]:
     """(processes, torch threads each): the pool is one process with a thread per device, and each device
     thread takes the process's torch thread count as its own (``pool_worker.run_worker``), so the pool
@@ -63,7 +68,7 @@ def run_system(scenario: Scenario, system: str, *, steps: int, warmup: int, seq_
            "peak_growth_bytes": max(r["peak_growth_bytes"] for r in per_rank),
            "peak_rss_bytes": max(r["peak_rss_bytes"] for r in per_rank), "processes": nproc,
            "threads": threads, "wall_s": time.perf_counter() - started}
-    for key in ("device_peak_bytes", "optimizer", "plan", "build_s"):
+    for key in SYSTEM_EXTRAS:
         if key in per_rank[0]:
             out[key] = per_rank[0][key]
     if all("wait_s" in r for r in per_rank):  # per timed step: the longest wait of any rank, all ranks' CPU
@@ -134,7 +139,7 @@ def merge(scenario: Scenario, runs: list[dict]) -> dict:
         "processes": first["processes"], "threads": first["threads"], "runs": len(good),
         "failed_runs": [r["error"] for r in runs if "error" in r],
     }
-    for key in ("device_peak_bytes", "optimizer", "plan", "build_s"):
+    for key in SYSTEM_EXTRAS:
         if key in first:
             out[key] = first[key]
     if all("wait_s" in r for r in good):
