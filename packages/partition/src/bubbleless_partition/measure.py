@@ -10,8 +10,9 @@ Each layer is timed on the output of the one before it, so shapes are the model'
 - R: the same forward timed again as a backward stage re-runs it from its saved input.
 
 Every figure is the median of ``repeats`` timings after ``warmup`` untimed runs, with the device
-synchronised around each; the I (and the W) passes run over one forward's graph, kept between them
-(``retain_graph``), so each pass is the backward alone and no forward is re-run for it. Output bytes are what the layer returns, divided by the token count.
+synchronised around each; the I and W passes all run over the graph of the first forward, kept between
+them (``retain_graph``), so each pass is the backward alone and no forward is re-run for it. Output bytes
+are what the layer returns, divided by the token count.
 
 Activation bytes per token are what one micro-batch keeps alive on the layer's stage from its forward
 until its backward, the bytes ``Profile.layer_memory`` multiplies by the tokens and the micro-batches in
@@ -85,20 +86,19 @@ def _measure_layer(torch, name: str, layer, x, sync, repeats: int, warmup: int, 
     forward = _timed(lambda: layer(x), sync, repeats, warmup)
     recompute = _timed(lambda: layer(x.detach().requires_grad_(wants_input_grad)), sync, repeats, warmup)
 
-    def backward_pass(out, targets):
+    def backward_pass(targets):
         sync()
         start = time.perf_counter()
-        torch.autograd.grad(out, targets, grad_out, allow_unused=True, retain_graph=True)
+        torch.autograd.grad(y, targets, grad_out, allow_unused=True, retain_graph=True)
         sync()
         return (time.perf_counter() - start) * 1e3
 
     def median_of(targets) -> float:
         if not targets or not y.requires_grad:
             return 0.0
-        out = layer(x)  # one graph for every pass (retained): a forward per timed pass was most of the profiling
-        for _ in range(warmup):
-            backward_pass(out, targets)
-        return median(backward_pass(out, targets) for _ in range(repeats))
+        for _ in range(warmup):  # every pass over y's graph, retained: a forward per pass was most of the profiling
+            backward_pass(targets)
+        return median(backward_pass(targets) for _ in range(repeats))
 
     cost = LayerCost(
         name=name,
