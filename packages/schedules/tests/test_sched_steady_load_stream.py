@@ -42,3 +42,48 @@ def test_steady_load_stream_simulates_split_backward_orders_that_end_jobs_out_of
     no_loads = Costs(layer_costs.forward, layer_costs.backward_input, layer_costs.backward_weight, layer_costs.comm)
     assert simulate(schedule, job_costs(no_loads, pool_groups(schedule))).makespan <= streamed.makespan + 1e-9
     assert streamed.makespan <= steady_state(schedule, costs).makespan + 1e-9
+
+
+def test_without_cross_iteration_prefetch_the_first_load_of_an_iteration_waits_for_the_device_to_free():
+    costs = Costs([1.0] * 4, [1.0] * 4, [1.0] * 4, 0.0, load=[1.0] * 4, store=[0.5] * 4)
+    # iteration 1's 0LOAD fits into the room job 3 leaves at 12, under 1W0 1STORE (12-13.5): the next
+    # iteration's 0F0 starts as the device frees, 13.5 = 1 + 12.5. Held until the device frees, the LOAD runs
+    # 13.5-14.5 and every iteration starts one LOAD later.
+    prefetched = steady_state(LATER_ENDS_FIRST, costs, load_stream=True)
+    held = steady_state(LATER_ENDS_FIRST, costs, load_stream=True, cross_iteration_prefetch=False)
+    assert prefetched.period == pytest.approx(12.5)
+    assert held.period == pytest.approx(13.5)
+    assert held.makespan == prefetched.makespan == pytest.approx(13.5)  # one iteration alone: nothing to hold
+    assert steady_state(LATER_ENDS_FIRST, costs, load_stream=True, cross_iteration_prefetch=True) == prefetched
+
+
+def pool_schedule_with_loads():
+    layer_costs = Costs([1.0] * 8 + [3.0], [1.1] * 8 + [3.0], [1.1] * 8 + [3.0], 0.1, load=[0.8] * 9,
+                        store=[0.4] * 9)
+    schedule = generate("roundrobin", num_ranks=4, num_microbatches=8, layer_costs=layer_costs)
+    return schedule, job_costs(layer_costs, pool_groups(schedule))
+
+
+@pytest.mark.parametrize("rotate", [None, True, 1])
+def test_holding_the_first_load_never_shortens_the_period_and_the_default_prefetches(rotate):
+    schedule, costs = pool_schedule_with_loads()
+    default = steady_state(schedule, costs, rotate=rotate, load_stream=True)
+    prefetched = steady_state(schedule, costs, rotate=rotate, load_stream=True, cross_iteration_prefetch=True)
+    held = steady_state(schedule, costs, rotate=rotate, load_stream=True, cross_iteration_prefetch=False)
+    assert default == prefetched
+    assert held.makespan == pytest.approx(prefetched.makespan)
+    assert held.period > prefetched.period + 1.0  # 82.5-83.9 against 80.6-82.3: the hold is on the critical path
+    assert held.period <= prefetched.makespan + 1e-9  # still overlaps: never slower than steps one by one
+
+
+def test_without_load_stream_every_load_already_waits_in_the_compute_order():
+    schedule, costs = pool_schedule_with_loads()
+    assert (steady_state(schedule, costs, rotate=True, cross_iteration_prefetch=False)
+            == steady_state(schedule, costs, rotate=True))
+
+
+@pytest.mark.parametrize("bad", [0, "no", None])
+def test_cross_iteration_prefetch_must_be_a_bool(bad):
+    schedule, costs = pool_schedule_with_loads()
+    with pytest.raises(ValueError, match="cross_iteration_prefetch must be True or False"):
+        steady_state(schedule, costs, load_stream=True, cross_iteration_prefetch=bad)

@@ -19,14 +19,18 @@ their ranks):
   the next row of iteration k + 1 not yet taken, so an executor can follow it without knowing the
   future (with ``load_stream``, a device's first LOAD of iteration k + 1 may start before it ends
   iteration k: it then needs the order in which the devices end it a job ahead, which the simulated
-  plan gives).
+  plan gives; ``cross_iteration_prefetch=False`` holds that LOAD until the device has ended iteration k,
+  which an executor that learns a device's next row only when the device frees can follow).
 
-Our pool executor runs steps one after another and never re-places: these figures are what an
-asynchronous executor would reach.
+``RoundRobinPipeline.steps`` (the asynchronous optimizer) overlaps steps by the first-free rule and
+learns a device's next row when it frees: ``rotate=True, load_stream=True,
+cross_iteration_prefetch=False`` models it. ``RoundRobinPipeline.step`` runs steps one after another.
 
 **Load streams** (``load_stream=True``, round-robin pool schedules): a LOAD runs on its device's own
 copy stream instead of in the compute order, so it overlaps the previous job's compute, as the pool
-prefetches (``pool_worker.load``). The weight budget holds two jobs: a job's weights go when its last
+prefetches (``pool_worker.load``), across iterations too unless ``cross_iteration_prefetch=False``
+(then a device's first LOAD of iteration k + 1 waits until its compute row has ended iteration k,
+its STOREs included; later LOADs of k + 1 still overlap k + 1's compute). The weight budget holds two jobs: a job's weights go when its last
 action on the device ends (its STORE or last forward), and the LOAD of a device's q-th job waits until
 q - 1 of its earlier jobs have ended, in whatever order the device ends them; a job's first compute
 waits for its LOAD. Without it (the shared simulator's rule) a LOAD occupies the device in order, which
@@ -71,10 +75,13 @@ class SteadyState:
 
 
 def steady_state(schedule: Schedule, costs: Costs | None = None, *, iterations: int = 4,
-                 rotate: bool | int | None = None, load_stream: bool = False) -> SteadyState:
+                 rotate: bool | int | None = None, load_stream: bool = False,
+                 cross_iteration_prefetch: bool = True) -> SteadyState:
     """Simulate ``iterations`` back-to-back iterations of ``schedule`` (see the module docstring).
     ``rotate``: None tries every fixed shift and the first-free rule (stage-bound schedules: no shift), True
-    the first-free rule alone, an int that fixed shift alone."""
+    the first-free rule alone, an int that fixed shift alone. ``cross_iteration_prefetch`` (with
+    ``load_stream``): whether a device's first LOAD of an iteration may start before the device has ended
+    the iteration before; without ``load_stream`` every LOAD is in the compute order, so it never does."""
     if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 2:
         raise ValueError(f"iterations must be an integer >= 2 (a period needs two iteration ends), got {iterations!r}")
     costs = Costs.unit() if costs is None else costs
@@ -83,6 +90,8 @@ def steady_state(schedule: Schedule, costs: Costs | None = None, *, iterations: 
     if load_stream and schedule.layout != "roundrobin":
         raise ValueError(f"load_stream=True models the round-robin pool's weight uploads; {schedule.name!r} has "
                          f"layout {schedule.layout!r} and no LOAD actions to overlap")
+    if not isinstance(cross_iteration_prefetch, bool):
+        raise ValueError(f"cross_iteration_prefetch must be True or False, got {cross_iteration_prefetch!r}")
     if not (rotate is None or isinstance(rotate, (bool, int))):
         raise ValueError(f"rotate must be None (try every shift and the first-free rule), True (first free alone) "
                          f"or an integer shift, got {rotate!r}")
@@ -95,7 +104,8 @@ def steady_state(schedule: Schedule, costs: Costs | None = None, *, iterations: 
     stages = [[a.stage for a in row] for row in schedule.actions]
 
     def run(placements) -> _Run:
-        return _run(requires, produces, durations, kinds, stages, costs.comm, placements, load_stream)
+        return _run(requires, produces, durations, kinds, stages, costs.comm, placements, load_stream,
+                    load_stream and not cross_iteration_prefetch)
 
     makespan = run([tuple(range(devices))]).ends[0]
     if rotate is None:
@@ -154,10 +164,10 @@ class _Run:
 _TRANSFERS = (Kind.LOAD, Kind.STORE)
 
 
-def _items(requires, produces, durations, kinds, stages, placements, load_stream):
+def _items(requires, produces, durations, kinds, stages, placements, load_stream, loads_wait_for_free):
     """Per row (devices, then their load streams when ``load_stream``): (needs, makes, duration, iteration,
     row of the schedule or None for a transfer) of each item in order; events tagged with the iteration,
-    plus the weight budget's."""
+    plus the weight budget's and, with ``loads_wait_for_free``, each iteration's end on each device."""
     devices = len(requires)
     rows = [[] for _ in range(2 * devices if load_stream else devices)]
     sources = [{device: row for row, device in enumerate(placement)} for placement in placements]
@@ -174,7 +184,25 @@ def _items(requires, produces, durations, kinds, stages, placements, load_stream
                 jobs[on_stream].append((k, stages[src][j]))
         if load_stream:
             _weight_budget(rows[d], rows[devices + d], *jobs, d)
+        if loads_wait_for_free:
+            _first_load_waits_for_free(rows[d], rows[devices + d], d)
     return rows
+
+
+def _first_load_waits_for_free(compute: list, loads: list, device: int) -> None:
+    """Add the events that hold ``device``'s first LOAD of each iteration until its compute row has ended
+    the last iteration before it that ran anything there (the device learns its next row when it frees)."""
+    last = {item[3]: position for position, item in enumerate(compute)}  # iteration -> its last item here
+    for k, position in last.items():
+        compute[position][1].append(("free", device, k))
+    seen = set()
+    for needs, _, _, k, _ in loads:
+        if k in seen:
+            continue
+        seen.add(k)
+        before = [j for j in last if j < k]
+        if before:
+            needs.append(("free", device, max(before)))
 
 
 def _weight_budget(compute: list, loads: list, compute_jobs: list, load_jobs: list, device: int) -> None:
@@ -199,9 +227,9 @@ def _weight_budget(compute: list, loads: list, compute_jobs: list, load_jobs: li
                 makes.append(("released", device, job))
 
 
-def _run(requires, produces, durations, kinds, stages, comm, placements, load_stream) -> _Run:
+def _run(requires, produces, durations, kinds, stages, comm, placements, load_stream, loads_wait_for_free) -> _Run:
     """The event loop of ``simulate.run_order`` over the rows of ``_items``."""
-    rows = _items(requires, produces, durations, kinds, stages, placements, load_stream)
+    rows = _items(requires, produces, durations, kinds, stages, placements, load_stream, loads_wait_for_free)
     devices, iterations = len(requires), len(placements)
     happened: dict[tuple, tuple[float, int]] = {}
     waiting: dict[tuple, list[int]] = defaultdict(list)
