@@ -233,8 +233,8 @@ def test_rt_pool_prefetches_the_next_job_and_never_holds_three():
     for worker in pipe.workers:
         original = worker.weights.load
 
-        def load(layers, worker=worker, original=original):
-            job = original(layers)
+        def load(layers, view=None, worker=worker, original=original):
+            job = original(layers, view)
             live[worker.index].append(len(worker.weights._live))
             return job
 
@@ -403,8 +403,8 @@ def _assert_same_with_two_jobs_weights_at_most(pipe, model, ref, inputs, targets
     for worker in pipe.workers:
         original = worker.weights.load
 
-        def load(layers, worker=worker, original=original):
-            job = original(layers)
+        def load(layers, view=None, worker=worker, original=original):
+            job = original(layers, view)
             live.append(len(worker.weights._live))
             return job
 

@@ -12,6 +12,7 @@ from .device_weights import DeviceWeights, LoadedJob
 from .host_optimizer import OPTIMIZERS, HostOptimizer, HostStepResult
 from .host_optimizer_async import AsyncHostOptimizer
 from .host_store import HostParam, HostStore
+from .host_view import HostView
 from .loss_scaler import DynamicLossScaler
 from .memory_budget import DeviceOutOfMemory, MemoryBudget, format_bytes
 from .mmap_safetensors import mmap_safetensors
@@ -21,6 +22,6 @@ from .streams import CpuEvent, CpuStream, DeviceStreams, stream_context
 __version__ = "0.1.0"
 __all__ = [
     "OPTIMIZERS", "AsyncHostOptimizer", "CpuEvent", "CpuStream", "DeviceOutOfMemory", "DeviceStreams", "DeviceWeights",
-    "DynamicLossScaler", "HostOptimizer", "HostParam", "HostStepResult", "HostStore", "LoadedJob",
+    "DynamicLossScaler", "HostOptimizer", "HostParam", "HostStepResult", "HostStore", "HostView", "LoadedJob",
     "MemoryBudget", "PinnedPool", "format_bytes", "mmap_safetensors", "stream_context", "to_device", "to_host",
 ]

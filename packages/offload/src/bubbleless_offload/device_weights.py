@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from .host_store import HostParam, HostStore
+from .host_view import HostView
 from .memory_budget import MemoryBudget
 from .streams import DeviceStreams, mark_used_on, stream_context
 
@@ -57,6 +58,9 @@ class LoadedJob:
     """Event completed when every upload is done; ``ready.wait(streams.compute)`` before computing."""
     nbytes: int
     """Bytes uploaded (and reserved in the budget): each unique param and buffer once."""
+    view: HostView | None = None
+    """Where its weights came from and its gradients go (None: the callers' parameters, the front
+    accumulators)."""
     _shells: list[_Shell] = field(repr=False)
     _params: dict[int, tuple[HostParam, nn.Parameter]] = field(default_factory=dict, repr=False)
     """id(HostParam) -> (it, the one device parameter the job's shells share for it)."""
@@ -98,15 +102,16 @@ class DeviceWeights:
         with self._lock:
             return sum(job.nbytes for job in self._live)
 
-    def load(self, layer_indices: Sequence[int]) -> LoadedJob:
-        """Upload the params and buffers of these layers on the ``weights_in`` stream; see ``LoadedJob``."""
+    def load(self, layer_indices: Sequence[int], view: HostView | None = None) -> LoadedJob:
+        """Upload the params and buffers of these layers on the ``weights_in`` stream; see ``LoadedJob``.
+        ``view``: the host tensors of one iteration of several running at once (``HostView``)."""
         layers = tuple(layer_indices)
         if not layers or len(set(layers)) != len(layers):
             raise ValueError(f"load() needs distinct layer indices, got {layers}")
         nbytes = self.store.weight_bytes(layers)  # also checks the indices
         with self._lock:
             self.budget.reserve(nbytes, f"weights of layers {layers}")
-            job = LoadedJob(layers=layers, modules=[], ready=None, nbytes=nbytes, _shells=[])
+            job = LoadedJob(layers=layers, modules=[], ready=None, nbytes=nbytes, view=view, _shells=[])
             self._live.append(job)
             job._shells = [self._free_shell(i) for i in layers]  # held from here on: no other job takes them
         try:
@@ -121,7 +126,8 @@ class DeviceWeights:
         return job
 
     def store_grads(self, loaded: LoadedJob):
-        """Add the job's device ``.grad``s into the host accumulators on the ``out`` stream, then drop them.
+        """Add the job's device ``.grad``s into the host accumulators (its view's, if it was loaded with one)
+        on the ``out`` stream, then drop them.
 
         Waits for the compute stream and the calling thread's current stream first. Returns an event
         (already complete: the host copies are blocking). Frozen parameters are never touched.
@@ -134,7 +140,8 @@ class DeviceWeights:
             for hp, param in loaded._params.values():
                 if hp.trainable and param.grad is not None:
                     mark_used_on(param.grad, streams.out)
-                    self.store.accumulate(hp, param.grad)
+                    into = None if loaded.view is None else loaded.view.grad_of(hp)
+                    self.store.accumulate(hp, param.grad, into)
                 param.grad = None
             return streams.record(streams.out)
 
@@ -221,7 +228,8 @@ class DeviceWeights:
                             owner._parameters[key] = shared
                             job._rebound.append((owner, key, placeholder))
                         continue
-                    placeholder.data = copy_of(("param", id(hp)), hp.param.data)
+                    source = hp.param.data if job.view is None else job.view.working_of(hp)
+                    placeholder.data = copy_of(("param", id(hp)), source)
                     placeholder.requires_grad_(hp.trainable)
                     placeholder.grad = None
                     job._params[id(hp)] = (hp, placeholder)

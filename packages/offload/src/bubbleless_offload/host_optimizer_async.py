@@ -41,6 +41,7 @@ is being scaled with it (use bf16, or the synchronous ``HostOptimizer``).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -98,6 +99,22 @@ class AsyncHostOptimizer:
     def in_flight(self) -> bool:
         """Whether an update was handed off and not yet synchronized."""
         return self._pending is not None
+
+    def pending_update(self) -> Callable[[], bool] | None:
+        """The update handed off and not yet synchronized, as a function that waits for it to end without
+        applying it (``synchronize`` applies it) and tells whether it wrote new weights into the back working
+        buffers (False when it skipped the step or failed; its error is raised by ``synchronize``). None when
+        no update is in flight. An executor running the next iteration before this one's end reads those
+        buffers once it returns True (``HostView.back``)."""
+        update = self._pending
+        if update is None:
+            return None
+
+        def wait_written() -> bool:
+            update.done.wait()
+            return update.error is None and not update.result.skipped
+
+        return wait_written
 
     def step(self) -> HostStepResult | None:
         """Apply the previous hand-off's update to the working weights, then hand this step's gradients

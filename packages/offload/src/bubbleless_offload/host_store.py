@@ -187,8 +187,9 @@ class HostStore:
             with hp.lock:
                 hp.grad.zero_()
 
-    def accumulate(self, host_param: HostParam, device_grad: torch.Tensor) -> None:
-        """Add ``device_grad`` (any device, any float dtype) into ``host_param``'s fp32 accumulator.
+    def accumulate(self, host_param: HostParam, device_grad: torch.Tensor, into: torch.Tensor | None = None) -> None:
+        """Add ``device_grad`` (any device, any float dtype) into ``host_param``'s fp32 accumulator (or into
+        ``into``, another accumulator of its shape: a ``HostView``'s).
 
         Thread-safe. A device gradient is first copied to host (into a pooled staging buffer, pinned when
         the store pins); the copy is a blocking one, issued on the calling thread's current stream.
@@ -197,10 +198,11 @@ class HostStore:
             raise ValueError(
                 f"parameter {host_param.name} is frozen (requires_grad=False): it has no gradient to add to"
             )
-        if device_grad.shape != host_param.grad.shape:
+        target = host_param.grad if into is None else into
+        if device_grad.shape != target.shape:
             raise ValueError(
                 f"gradient for {host_param.name} has shape {list(device_grad.shape)}, "
-                f"expected {list(host_param.grad.shape)}"
+                f"expected {list(target.shape)}"
             )
         staging = None
         if device_grad.device.type != "cpu":
@@ -208,7 +210,7 @@ class HostStore:
             staging.copy_(device_grad)
         try:
             with host_param.lock:
-                host_param.grad.add_(staging if staging is not None else device_grad)
+                (host_param.grad if into is None else into).add_(staging if staging is not None else device_grad)
         finally:
             if staging is not None:
                 self.pool.release(staging)
@@ -216,7 +218,7 @@ class HostStore:
     def swap_grads(self) -> list[torch.Tensor]:
         """Exchange each accumulator with its spare (``double_buffer`` first); the spent ones, in
         ``trainable`` order. Devices add into the other set from now on (call it with no step running)."""
-        self._check_double_buffered()
+        self.check_double_buffered()
         spent = []
         for hp in self.trainable:
             with hp.lock:
@@ -239,7 +241,7 @@ class HostStore:
 
     def write_spare_working(self) -> None:
         """Copy masters into the back working buffers (an optimizer thread, while devices read the front)."""
-        self._check_double_buffered()
+        self.check_double_buffered()
         with torch.no_grad():
             for hp in self.trainable:
                 hp.spare_working.copy_(hp.master)
@@ -247,7 +249,7 @@ class HostStore:
     def swap_working(self) -> None:
         """Make the back working buffers the callers' parameter data, the front ones the back (no step
         running: the devices read ``param.data`` when they upload)."""
-        self._check_double_buffered()
+        self.check_double_buffered()
         for hp in self.trainable:
             hp.param.data, hp.spare_working = hp.spare_working, hp.param.data
 
@@ -280,7 +282,7 @@ class HostStore:
             added += hp.nbytes + hp.spare_grad.numel() * 4
         return added
 
-    def _check_double_buffered(self) -> None:
+    def check_double_buffered(self) -> None:
         if not self.double_buffered:
             raise ValueError("this store has one accumulator and one working buffer: call double_buffer() first")
 

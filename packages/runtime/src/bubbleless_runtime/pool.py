@@ -61,6 +61,7 @@ from .arguments import check_common
 from .batches import check_batch, signature_of, split_batch
 from .pool_board import Board, PoolAborted
 from .pool_memory import check_fits
+from .pool_overlap import check_overlap, overlapped_steps
 from .pool_precision import check_step_precision, precisions_of
 from .pool_routes import routes_of
 from .pool_worker import POOL, DeviceWorker, PoolStep, WorkerState, run_worker
@@ -153,6 +154,7 @@ class RoundRobinPipeline:
         self.group = None
         self.num_ranks = 1
         self.last_step_result = None
+        self.last_steps_trace = None
         self._last_spans: list | None = None
 
     # -- planning ------------------------------------------------------------------------------------
@@ -262,6 +264,31 @@ class RoundRobinPipeline:
         self._last_spans = [s.spans for s in states] if self.trace else None
         self._timeline = None
         return torch.stack([shared.losses[m].float().cpu() for m in range(self.num_microbatches)]).sum()
+
+    def steps(self, batches, *, accumulate: int = 1):
+        """Run one step per ``(inputs, targets)`` of ``batches``, each step's first jobs starting on the devices
+        the step before leaves free as it drains (``pool_overlap``); yields each step's summed loss when it
+        ends and its gradients are handed to the optimizer. Needs the one-step-stale optimizer
+        (``optimizer={..., "asynchronous": True}``): the weights and gradients are exactly those of ``step()``
+        called per batch. ``accumulate=n``: the optimizer steps after every n-th step. The caller's autocast
+        when ``steps`` is called applies to every step. ``last_steps_trace``: the last two steps' actions
+        as they ran (``pool_overlap.StepSpan``); ``last_timeline`` the last step's, one row per schedule row."""
+        check_overlap(self, accumulate)
+        autocast = _autocast_dtype(self.devices)
+        check_step_precision(self.precision, autocast)
+        return overlapped_steps(self, batches, accumulate, autocast)
+
+    def _keep_trace(self, index: int, spans) -> None:
+        self.last_steps_trace = spans if self.trace else None
+        if self.trace:
+            rows = [[(s.action, s.start, s.end) for s in spans if s.step == index and s.row == r]
+                    for r in range(len(self.workers))]
+            self._last_spans, self._timeline = rows, None
+
+    def _own_rows(self) -> None:
+        """Every device back on its own row, reading the front tensors (what ``step`` runs)."""
+        for worker in self.workers:
+            worker.take_row(self.schedule.actions[worker.index])
 
     def synchronize(self):
         """Apply the one-step-stale update in flight, if any (a no-op otherwise); ``last_step_result``."""

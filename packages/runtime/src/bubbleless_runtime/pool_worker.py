@@ -89,7 +89,6 @@ class DeviceWorker:
         self.device = device
         self.routes = routes
         self.groups = routes.groups
-        self.actions = tuple(actions)
         self.budget = budget
         self.streams = DeviceStreams(device)
         self.weights = DeviceWeights(store, device, streams=self.streams, budget=budget)
@@ -98,12 +97,21 @@ class DeviceWorker:
         self.graphs: dict = {}  # (job, mb) -> (roots, leaves, root grads or None) from R or the last F until B
         self.reserved: dict = {}  # (job, mb) -> activation bytes reserved on the budget
         self.deferred: dict = {}  # (job, mb) -> Deferred: weight gradients queued by the forward, run by W
+        self.finished: set = set()  # jobs whose weights this step already dropped (never re-prefetched)
+        self.name = f"device {index} ({device})"
+        self.take_row(actions)
+
+    def take_row(self, actions, view=None) -> None:
+        """Run ``actions`` (one row of the schedule) next, reading and adding into ``view``'s host tensors
+        (``bubbleless_offload.HostView``; None: the callers' parameters and the front accumulators). A
+        device of the pool is stateless between rows: overlapped steps deal it any row of the next step."""
+        self.actions = tuple(actions)
+        self.view = view
         jobs = list(dict.fromkeys(a.stage for a in self.actions))
         self.next_job = dict(zip(jobs, jobs[1:], strict=False))
         self.job_index = {job: i for i, job in enumerate(jobs)}
-        self.finished: set = set()  # jobs whose weights this step already dropped (never re-prefetched)
         self.last_action = {a.stage: a for a in self.actions}  # a job's weights go after its last action here
-        self.name = f"device {index} ({device})"
+        self.finished.clear()
 
     # -- the interpreter's back-end interface --------------------------------------------------------
     def post(self, work) -> None:  # pool handlers finish their own work (copies are stream-ordered)
@@ -205,7 +213,7 @@ class DeviceWorker:
         while upcoming in self.finished:
             upcoming = self.next_job.get(upcoming)
         if upcoming is not None and upcoming not in self.loaded:
-            self.loaded[upcoming] = self.weights.load(self.groups.layers(upcoming))
+            self.loaded[upcoming] = self.weights.load(self.groups.layers(upcoming), self.view)
 
     def _leaves(self, x):
         tensors = as_tuple(x)
@@ -268,7 +276,7 @@ class DeviceWorker:
 def load(worker: DeviceWorker, action: Action, state: WorkerState) -> None:
     job = action.stage
     if job not in worker.loaded:
-        worker.loaded[job] = worker.weights.load(worker.groups.layers(job))
+        worker.loaded[job] = worker.weights.load(worker.groups.layers(job), worker.view)
     worker._prefetch()
     worker._publish(action, state)
 
@@ -401,6 +409,13 @@ POOL = Interpreter(
 def run_worker(worker: DeviceWorker, state: WorkerState, interpreter: Interpreter, autocast) -> None:
     """A worker thread's body: the device's actions under the caller's autocast setting."""
     worker.finished.clear()
+    with device_thread(worker, autocast):
+        interpreter.run(worker, worker.actions, state)
+
+
+@contextlib.contextmanager
+def device_thread(worker: DeviceWorker, autocast):
+    """What a worker thread sets up before running actions: its device, its OpenMP team, the caller's autocast."""
     if worker.device.type == "cuda":
         torch.cuda.set_device(worker.device)
     # A new thread's OpenMP team is every core until an ATen parallel region applies torch's thread
@@ -413,4 +428,4 @@ def run_worker(worker: DeviceWorker, state: WorkerState, interpreter: Interprete
         # here the whole step, outliving ``weights.release`` and uncounted by the budget.
         context = torch.autocast(device_type=worker.device.type, dtype=autocast, cache_enabled=False)
     with context:
-        interpreter.run(worker, worker.actions, state)
+        yield
