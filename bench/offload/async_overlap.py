@@ -1,12 +1,14 @@
-"""Does the one-step-stale host optimizer hide the CPU step? Pool step time, synchronous against
-``asynchronous=True``, measured on this machine's devices.
+"""Does the one-step-stale host optimizer hide the CPU step, and do overlapped steps hide the drain? Pool
+step time, synchronous against ``asynchronous=True`` (``step()`` in a loop) and against
+``RoundRobinPipeline.steps()`` (step k + 1's first jobs on the devices step k's drain frees), measured on
+this machine's devices.
 
     python bench/offload/async_overlap.py [--devices cuda:0,cuda:0] [--width 2048] [--layers 12] [--rounds 7]
 
 A stack of ``width x width`` linear layers (many parameters, cheap compute: the optimizer's share is
 large) on a round-robin pool; three pipelines over copies of the same weights: compute only
-(``optimizer_step=False``, whose gradients are dropped by ``zero_grad`` each round), synchronous AdamW
-and asynchronous AdamW. Each round runs a block of ``--block`` consecutive steps of each pipeline in
+(``optimizer_step=False``, whose gradients are dropped by ``zero_grad`` each round), synchronous AdamW,
+asynchronous AdamW, and asynchronous AdamW with the block's steps overlapped (``steps()``). Each round runs a block of ``--block`` consecutive steps of each pipeline in
 turn and times the block: the asynchronous block starts drained and ends with ``synchronize()`` inside
 the timing, so no update hides in another pipeline's time. The table gives median seconds per step. On
 a GPU pool the asynchronous step should approach max(compute, optimizer); on CPU "devices" the optimizer
@@ -60,6 +62,9 @@ def main() -> None:
                                            partition="even", optimizer=settings), True),
         "asynchronous": (RoundRobinPipeline(copy.deepcopy(model), devices=devices, num_microbatches=m, loss_fn=_loss,
                                             partition="even", optimizer={**settings, "asynchronous": True}), True),
+        "asynchronous, overlapped steps": (
+            RoundRobinPipeline(copy.deepcopy(model), devices=devices, num_microbatches=m, loss_fn=_loss,
+                               partition="even", optimizer={**settings, "asynchronous": True}), "overlap"),
     }
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(args.batch, args.width, generator=g), torch.randn(args.batch, args.width, generator=g)
@@ -70,7 +75,9 @@ def main() -> None:
         pipe, opt_step = pipes[name]
         pipe.synchronize()
         t0 = time.perf_counter()
-        for _ in range(steps):
+        if opt_step == "overlap":
+            list(pipe.steps([(x, y)] * steps))
+        for _ in range(steps if opt_step != "overlap" else 0):
             pipe.step(x, y, optimizer_step=opt_step)
             if not opt_step:
                 pipe.store.zero_grad()

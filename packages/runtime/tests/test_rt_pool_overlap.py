@@ -156,3 +156,14 @@ def test_rt_pool_steps_names_a_batch_that_is_not_a_pair():
         list(pipe.steps([BATCHES[0], BATCHES[1][0]]))
     assert all(not hp.grad.any() for hp in pipe.store.trainable)
     assert len(list(pipe.steps(BATCHES[:2]))) == 2
+
+
+def test_rt_pool_when_the_last_loss_is_yielded_the_pipeline_is_free_for_step():
+    model, looped = tiny_model(7), tiny_model(7)
+    pipe, loop = _pool(model, asynchronous=True), _pool(looped, asynchronous=True)
+    steps = pipe.steps(BATCHES[:2])
+    got = [next(steps), next(steps)]
+    got.append(pipe.step(*BATCHES[2]))  # an evaluation or a plain step before the iterator is exhausted
+    assert next(steps, None) is None
+    want = [loop.step(*batch) for batch in BATCHES[:3]]
+    assert max(relative_error(a, b) for a, b in zip(got, want, strict=True)) <= 1e-6

@@ -305,8 +305,11 @@ def overlapped_steps(pipe, batches: Iterable, accumulate: int, autocast) -> Iter
             pipe._keep_trace(index, run.trace_until(index))
             run.iterations.pop(index - 1, None)  # its board's host tensors go; the one just processed stays
             index += 1
+            if index == launched:  # the last: the devices leave the run before its loss is yielded, so the
+                finished = True  # caller may call step() or evaluate at once, with the iterator not yet exhausted
+                run.stop(None)
+                pipe._own_rows()
             yield loss
-        finished = True
     except BaseException as error:
         run.stop(error if isinstance(error, (KeyboardInterrupt, GeneratorExit)) else PoolAborted("steps() stopped"))
         run.abandon()
@@ -314,9 +317,8 @@ def overlapped_steps(pipe, batches: Iterable, accumulate: int, autocast) -> Iter
             raise run.explain(error) from None
         raise
     finally:
-        if finished:
-            run.stop(None)
-        pipe._own_rows()
+        if not finished:
+            pipe._own_rows()
 
 
 def _first(pairs: Iterator, count: int) -> list:
