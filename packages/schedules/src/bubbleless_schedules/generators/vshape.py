@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from functools import lru_cache
+from functools import lru_cache, partial
 from itertools import accumulate, islice
 
 from ..action import Action, Kind
@@ -39,7 +39,7 @@ from .vshape_blocks import iter_pcm_blocks, stable_block, steady_peak, v_block
 from .vshape_cooldown import COOL_DOWN, COOL_DOWN_ADMITTING, DEPTHS, recooled
 from .vshape_exact import exact_slot_orders
 from .vshape_greedy import GreedyResult, Policy, v_list_schedule
-from .vshape_stable import STABLE_UP_TO, stable_greedy_orders
+from .vshape_stable import stable_greedy_orders
 
 _POLICIES = (
     Policy(order=("I", "F1", "F0", "W")),
@@ -63,6 +63,11 @@ before, from the third-shortest block; W-light m=64 reordered within 3), so tigh
 after the first blocks."""
 _MIN_TRIES = 40
 _MIN_TRIES_UP_TO = 12_400
+_STABLE_UP_TO = 12_400
+"""Actions up to which the published greedy's orders (``vshape_stable``) are timed in full after the search
+(two simulations, about 0.1 s at this size). Larger shapes under a tight cap rank the greedy with the block
+candidates on a short run instead (``_ranked_recipes``), which reaches it at p=32 m=256 within the 1 s a
+name may take; the other large ones (wide caps, m < 3p) have the list scheduler's candidates, faster there."""
 
 
 def zbv_script(rank: int, num_ranks: int, num_microbatches: int, deferred_w: int = 0) -> list[str]:
@@ -255,17 +260,23 @@ def _ranks_candidates(p: int, m: int, cap_chunks: float) -> bool:
 
 
 def _ranked_recipes(p: int, m: int, cap_chunks: float):
-    """(block, labelled, policy) in the order ``_ranked_search`` ranks them: the published greedy's stable
-    V-Half / V-Min patterns as fixed orders where they fit, then the PCM blocks shortest first, their W's
-    labelled, reordered within 3 actions (the paper's reorder under real costs): of our candidates timed in
-    full at p=32 m=256, the fastest in five of the seven profiles of bench/results/large_shapes.md (1.5B's was
-    an unlabelled block, 0.02% faster; B-heavy's the stable pattern)."""
+    """(scripts of n micro-batches, policy) in the order ``_ranked_search`` ranks them: the published greedy
+    over the stable V-Half / V-Min patterns (``vshape_stable``) as fixed orders where they fit, then the PCM
+    blocks shortest first, their W's labelled, reordered within 3 actions (the paper's reorder under real
+    costs): of our candidates timed in full at p=32 m=256, the fastest in five of the seven profiles of
+    bench/results/large_shapes.md (1.5B's is the greedy V-Min, 0.05% faster than the stable pattern run as
+    is, which the greedy replaces here: it was never slower in those seven profiles at m = 97, 128, 256)."""
     for kind in ("v-half", "v-min"):
-        block = stable_block(p, kind)
-        if _block_peak(p, block, m) <= cap_chunks + 1e-9:
-            yield block, False, _FIXED_ORDER
+        if _block_peak(p, stable_block(p, kind), m) <= cap_chunks + 1e-9:
+            yield partial(_greedy_tokens, p, kind=kind), _FIXED_ORDER
     for block, own in _fitting_pcm_blocks(p, m, cap_chunks):
-        yield block, True, _labelled(_PCM_POLICIES[0], cap_chunks, own)
+        yield partial(_tokens_of_block, p, block=block, labelled=True), _labelled(_PCM_POLICIES[0], cap_chunks, own)
+
+
+def _greedy_tokens(p: int, m: int, kind: str) -> list[list[str]]:
+    """The published greedy's orders (``vshape_stable``) as script tokens, each W naming its chunk (the
+    greedy runs a chunk's W's in the order of their input-gradients, as ``W0`` / ``W1`` do)."""
+    return [[f"{a.kind.value}{0 if a.stage < p else 1}" for a in row] for row in stable_greedy_orders(p, m, kind)]
 
 
 def _extrapolated(short: GreedyResult, m: int) -> float:
@@ -279,7 +290,7 @@ def _extrapolated(short: GreedyResult, m: int) -> float:
 
 
 def _ranked_search(p: int, m: int, costs: Costs, cap_chunks: float, input_grad_frees: float) -> GreedyResult:
-    """The block candidates of ``_ranked_recipes`` run for 2p micro-batches (as many as ``_RANKED_BUDGET``
+    """The candidates of ``_ranked_recipes`` run for 2p micro-batches (as many as ``_RANKED_BUDGET``
     allows), ranked by the makespan each predicts for ``m`` (``_extrapolated``); the best-ranked that fits
     is run in full. At p=32 m=256 a full try costs four short ones, and the budget allows two to four full
     tries, too few to reach the blocks that win there (comm-heavy: 1626.5 with the first two candidates, the
@@ -288,14 +299,12 @@ def _ranked_search(p: int, m: int, costs: Costs, cap_chunks: float, input_grad_f
     ranked = []
     runs = max(1, (_RANKED_BUDGET - 2 * 6 * p * m) // (6 * p * short))
     for recipe in islice(_ranked_recipes(p, m, cap_chunks), runs):
-        block, labelled, policy = recipe
-        scripts = _tokens_of_block(p, short, block, labelled)
-        result = v_list_schedule(p, short, costs, cap_chunks, policy, input_grad_frees, scripts)
+        scripts_of, policy = recipe
+        result = v_list_schedule(p, short, costs, cap_chunks, policy, input_grad_frees, scripts_of(short))
         if result is not None and result.peak_chunks <= cap_chunks + 1e-9:
             ranked.append((_extrapolated(result, m), len(ranked), recipe))
-    for _, _, (block, labelled, policy) in sorted(ranked, key=lambda item: item[:2]):
-        scripts = _tokens_of_block(p, m, block, labelled)
-        result = v_list_schedule(p, m, costs, cap_chunks, policy, input_grad_frees, scripts)
+    for _, _, (scripts_of, policy) in sorted(ranked, key=lambda item: item[:2]):
+        result = v_list_schedule(p, m, costs, cap_chunks, policy, input_grad_frees, scripts_of(m))
         if result is not None and result.peak_chunks <= cap_chunks + 1e-9:
             return result
     return v_list_schedule(p, m, costs, cap_chunks, _POLICIES[0], input_grad_frees)  # always finishes
@@ -389,7 +398,7 @@ def search_v_schedule(
     assert best is not None, "the unscripted list scheduler always finishes"
     if formatted is not None and formatted.peak_chunks <= cap_chunks + 1e-9 and _better(formatted, best):
         best = formatted
-    if cap_chunks < 2 * p - 1e-9 and 6 * p * m <= STABLE_UP_TO:
+    if cap_chunks < 2 * p - 1e-9 and 6 * p * m <= _STABLE_UP_TO:
         for kind in ("v-half", "v-min"):  # the published greedy over the stable patterns, as it orders them
             greedy = _fixed_result(p, m, stable_greedy_orders(p, m, kind), costs, input_grad_frees)
             if greedy.peak_chunks <= cap_chunks + 1e-9 and _better(greedy, best):

@@ -11,6 +11,7 @@ their slot time gives its order; executing that order as early as dependencies a
 
 from __future__ import annotations
 
+import heapq
 from functools import lru_cache
 from itertools import permutations
 
@@ -81,7 +82,14 @@ def pcm_block(num_ranks: int, residues: tuple[int, int, int], steps: tuple[int, 
     steps and ``steps[1]`` after, those of the ascending half one slot; every pass takes the first slot
     of its residue after its inputs and each W the first residue still free after its input-gradient.
     Returns ``{(kind, stage): slot}`` like ``v_block``."""
-    p = num_ranks
+    frame = _pcm_frame(num_ranks, residues, steps, split)
+    return None if frame is None else _pcm_times(num_ranks, *frame)
+
+
+def _pcm_frame(p: int, residues: tuple[int, int, int], steps: tuple[int, int], split: int):
+    """(descending forwards, rank p-1's second-chunk forward, rank 0's second-chunk input-gradient, rank
+    p-1's first-chunk input-gradient) of a block, or None when two passes of a rank share a residue: all
+    a block's slots follow from these, and the collision is decided from them in O(1)."""
     down, gaps = _descending(p, steps, split)  # first-chunk forward of rank r; (down[r] + r) % 6 over r
     up_last = _next_with_residue(down[-1] + p, residues[0]) - (p - 1)  # rank p-1's second-chunk forward
     grad_first = _next_with_residue(up_last + p, residues[1])  # rank 0's second-chunk input-gradient
@@ -95,6 +103,16 @@ def pcm_block(num_ranks: int, residues: tuple[int, int, int], steps: tuple[int, 
         return None
     if {up % 6, grad_up % 6, (up - grad_first) % 6, (grad_up - grad_first) % 6} & gaps:
         return None
+    return down, up_last, grad_first, grad_up_last
+
+
+def _shortest_length(p: int, down, up_last: int, grad_first: int, grad_up_last: int) -> int:
+    """A lower bound on the length of the block of this frame (last slot + 1): its last input-gradients
+    (rank p-1's second-chunk one, rank 0's first-chunk one), each followed by its W."""
+    return max(grad_first + down[-1], grad_up_last + p - 1) + 2
+
+
+def _pcm_times(p: int, down, up_last: int, grad_first: int, grad_up_last: int) -> dict[tuple[Kind, int], int]:
     times: dict[tuple[Kind, int], int] = {}
     for r in range(p):  # the second-chunk input-gradient moves down the ranks as the forwards do
         f0, f1, i1, i0 = down[r], up_last + p - 1 - r, grad_first + down[r], grad_up_last + p - 1 - r
@@ -124,10 +142,22 @@ def pcm_blocks(num_ranks: int, max_split_values: int = 8) -> list[dict[tuple[Kin
 
 
 def iter_pcm_blocks(num_ranks: int, max_split_values: int = 8):
-    """``pcm_blocks`` one at a time: a search that stops after the shortest few builds only those."""
+    """``pcm_blocks`` one at a time, built lazily: the frames are ordered by a lower bound on their length
+    (``_shortest_length``) and a block is yielded once no unbuilt frame can be as short, so a search that
+    stops after the shortest few builds only those (at p=32 building every block took 0.13 s)."""
     keys = _keys(num_ranks)
-    for block in _pcm_blocks(num_ranks, max_split_values):
-        yield dict(zip(keys, block, strict=True))
+    ready: list[tuple[int, tuple[int, ...]]] = []
+    seen: set[tuple[int, ...]] = set()
+    for bound, frame in _pcm_frames(num_ranks, max_split_values):
+        while ready and ready[0][0] < bound:
+            yield dict(zip(keys, heapq.heappop(ready)[1], strict=True))
+        times = _pcm_times(num_ranks, *frame)
+        flat = tuple(times[k] for k in keys)
+        if flat not in seen:
+            seen.add(flat)
+            heapq.heappush(ready, (max(flat) + 1, flat))
+    while ready:
+        yield dict(zip(keys, heapq.heappop(ready)[1], strict=True))
 
 
 def _keys(p: int) -> list[tuple[Kind, int]]:
@@ -135,21 +165,22 @@ def _keys(p: int) -> list[tuple[Kind, int]]:
 
 
 @lru_cache(maxsize=16)
-def _pcm_blocks(p: int, max_split_values: int) -> tuple[tuple[int, ...], ...]:
+def _pcm_frames(p: int, max_split_values: int) -> tuple[tuple[int, tuple], ...]:
+    """(length bound, frame) of every collision-free point of the search space, by bound (then by the
+    order of enumeration, which only decides the order of building, not of yielding)."""
     splits = list(range(1, max(2, p)))
     if len(splits) > max_split_values:
         splits = sorted({splits[round(i * (len(splits) - 1) / (max_split_values - 1))] for i in range(max_split_values)})
-    keys = _keys(p)
-    found: dict[tuple[int, ...], int] = {}
+    found = []
     for residues in permutations(range(1, 6), 3):
         for a in range(1, 6):
             for b in range(1, 6):
                 for split in splits if a != b else splits[:1]:
-                    times = pcm_block(p, residues, (a, b), split)
-                    if times is not None:
-                        flat = tuple(times[k] for k in keys)
-                        found.setdefault(flat, max(flat) + 1)
-    return tuple(sorted(found, key=lambda flat: (found[flat], flat)))
+                    frame = _pcm_frame(p, residues, (a, b), split)
+                    if frame is not None:
+                        found.append((_shortest_length(p, *frame), len(found), frame))
+    found.sort(key=lambda item: item[:2])
+    return tuple((bound, frame) for bound, _, frame in found)
 
 
 def stable_block(num_ranks: int, kind: str) -> dict[tuple[Kind, int], int]:

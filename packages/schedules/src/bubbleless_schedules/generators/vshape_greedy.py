@@ -77,7 +77,7 @@ def _stage_rank(stage: int, p: int) -> int:
 
 
 @lru_cache(maxsize=4)
-def _action_table(num_stages: int, num_microbatches: int) -> dict[Kind, tuple[tuple[Action, ...], ...]]:
+def action_table(num_stages: int, num_microbatches: int) -> dict[Kind, tuple[tuple[Action, ...], ...]]:
     """``table[kind][stage][microbatch]``: one shared (frozen) ``Action`` per pass, so the tries of a search
     look their actions up instead of building 6pm of them each (a fifth of a try's time at p=32, m=256)."""
     return {
@@ -152,7 +152,7 @@ def v_list_schedule(
     reserve_one = 1 if policy.reserve else 0
     lookahead = max(1, policy.lookahead)
     room_ahead = room if policy.lookahead_cap is None else min(room, policy.lookahead_cap + 1e-9)
-    table = _action_table(n, m)
+    table = action_table(n, m)
     act_f, act_i, act_w = table[Kind.F], table[Kind.I], table[Kind.W]
 
     # The loop below inlines, for speed, when each rank's next actions become ready: the forward of
