@@ -87,3 +87,43 @@ def test_cross_iteration_prefetch_must_be_a_bool(bad):
     schedule, costs = pool_schedule_with_loads()
     with pytest.raises(ValueError, match="cross_iteration_prefetch must be True or False"):
         steady_state(schedule, costs, load_stream=True, cross_iteration_prefetch=bad)
+
+
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_one_iteration_in_flight_runs_them_one_after_another(prefetch):
+    schedule, costs = pool_schedule_with_loads()
+    alone = steady_state(schedule, costs, rotate=True, load_stream=True, cross_iteration_prefetch=prefetch,
+                         max_in_flight=1)
+    assert alone.period == pytest.approx(alone.makespan)  # every iteration starts on idle devices
+
+
+# device 0's row (18.5 long) ends every iteration; the other two are short, so the device that ran one of them
+# in iteration k + 1 is free for iteration k + 2 while iteration k's long row still runs.
+ONE_LONG_ROW = Schedule.from_text(
+    "# bubbleless-schedule name=roundrobin stages=3 microbatches=3 layout=roundrobin "
+    "meta.forward_layers=1 meta.last_layers=1 meta.backward_layers=1\n"
+    "0LOAD 0F0 0F1 0F2 1LOAD 1F2 1B2 1STORE 2LOAD 2R2 2B2 2R0 2B0 2R1 2B1 2STORE\n"
+    "1LOAD 1F0 1B0 1STORE\n"
+    "1LOAD 1F1 1B1 1STORE\n")
+
+
+def test_two_iterations_in_flight_hold_the_third_until_the_first_has_ended():
+    validate(ONE_LONG_ROW)
+    costs = Costs([1.0] * 3, [1.0, 1.0, 3.0], [0.0] * 3, 0.0, load=[0.5] * 3, store=[0.5] * 3, recompute=[1.0] * 3)
+
+    def state(in_flight):
+        return steady_state(ONE_LONG_ROW, costs, iterations=8, rotate=True, load_stream=True,
+                            cross_iteration_prefetch=False, max_in_flight=in_flight)
+
+    unbounded = state(None)
+    assert unbounded.makespan == pytest.approx(18.5) and unbounded.period == pytest.approx(55 / 7)
+    assert state(3) == unbounded  # about 2.4 iterations run at once
+    assert state(2).period == pytest.approx(61.5 / 7)  # held: iteration k + 2 starts as iteration k ends
+    assert state(2).makespan == unbounded.makespan
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 1.5])
+def test_max_in_flight_must_be_a_positive_int(bad):
+    schedule, costs = pool_schedule_with_loads()
+    with pytest.raises(ValueError, match="max_in_flight must be None"):
+        steady_state(schedule, costs, load_stream=True, max_in_flight=bad)

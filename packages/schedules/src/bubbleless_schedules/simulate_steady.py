@@ -22,9 +22,10 @@ their ranks):
   plan gives; ``cross_iteration_prefetch=False`` holds that LOAD until the device has ended iteration k,
   which an executor that learns a device's next row only when the device frees can follow).
 
-``RoundRobinPipeline.steps`` (the asynchronous optimizer) overlaps steps by the first-free rule and
-learns a device's next row when it frees: ``rotate=True, load_stream=True,
-cross_iteration_prefetch=False`` models it. ``RoundRobinPipeline.step`` runs steps one after another.
+``RoundRobinPipeline.steps`` (the asynchronous optimizer) overlaps steps by the first-free rule, learns
+a device's next row when it frees and runs two steps at once at most (step k + 2 is launched once step k
+has ended): ``rotate=True, load_stream=True, cross_iteration_prefetch=False, max_in_flight=2`` models it
+(less the caller's hand-off between steps). ``RoundRobinPipeline.step`` runs steps one after another.
 
 **Load streams** (``load_stream=True``, round-robin pool schedules): a LOAD runs on its device's own
 copy stream instead of in the compute order, so it overlaps the previous job's compute, as the pool
@@ -76,12 +77,14 @@ class SteadyState:
 
 def steady_state(schedule: Schedule, costs: Costs | None = None, *, iterations: int = 4,
                  rotate: bool | int | None = None, load_stream: bool = False,
-                 cross_iteration_prefetch: bool = True) -> SteadyState:
+                 cross_iteration_prefetch: bool = True, max_in_flight: int | None = None) -> SteadyState:
     """Simulate ``iterations`` back-to-back iterations of ``schedule`` (see the module docstring).
     ``rotate``: None tries every fixed shift and the first-free rule (stage-bound schedules: no shift), True
     the first-free rule alone, an int that fixed shift alone. ``cross_iteration_prefetch`` (with
     ``load_stream``): whether a device's first LOAD of an iteration may start before the device has ended
-    the iteration before; without ``load_stream`` every LOAD is in the compute order, so it never does."""
+    the iteration before; without ``load_stream`` every LOAD is in the compute order, so it never does.
+    ``max_in_flight``: the most iterations running at once (iteration k + n starts on no device before
+    iteration k has ended on every device); None: no bound."""
     if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 2:
         raise ValueError(f"iterations must be an integer >= 2 (a period needs two iteration ends), got {iterations!r}")
     costs = Costs.unit() if costs is None else costs
@@ -92,6 +95,9 @@ def steady_state(schedule: Schedule, costs: Costs | None = None, *, iterations: 
                          f"layout {schedule.layout!r} and no LOAD actions to overlap")
     if not isinstance(cross_iteration_prefetch, bool):
         raise ValueError(f"cross_iteration_prefetch must be True or False, got {cross_iteration_prefetch!r}")
+    if max_in_flight is not None and (isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int)
+                                      or max_in_flight < 1):
+        raise ValueError(f"max_in_flight must be None (no bound) or a positive integer, got {max_in_flight!r}")
     if not (rotate is None or isinstance(rotate, (bool, int))):
         raise ValueError(f"rotate must be None (try every shift and the first-free rule), True (first free alone) "
                          f"or an integer shift, got {rotate!r}")
@@ -105,7 +111,7 @@ def steady_state(schedule: Schedule, costs: Costs | None = None, *, iterations: 
 
     def run(placements) -> _Run:
         return _run(requires, produces, durations, kinds, stages, costs.comm, placements, load_stream,
-                    load_stream and not cross_iteration_prefetch)
+                    load_stream and not cross_iteration_prefetch, max_in_flight)
 
     makespan = run([tuple(range(devices))]).ends[0]
     if rotate is None:
@@ -164,10 +170,10 @@ class _Run:
 _TRANSFERS = (Kind.LOAD, Kind.STORE)
 
 
-def _items(requires, produces, durations, kinds, stages, placements, load_stream, loads_wait_for_free):
+def _items(requires, produces, durations, kinds, stages, placements, load_stream, loads_wait_for_free, in_flight):
     """Per row (devices, then their load streams when ``load_stream``): (needs, makes, duration, iteration,
     row of the schedule or None for a transfer) of each item in order; events tagged with the iteration,
-    plus the weight budget's and, with ``loads_wait_for_free``, each iteration's end on each device."""
+    plus the weight budget's and those that hold iterations back (``_hold_iterations``)."""
     devices = len(requires)
     rows = [[] for _ in range(2 * devices if load_stream else devices)]
     sources = [{device: row for row, device in enumerate(placement)} for placement in placements]
@@ -184,25 +190,40 @@ def _items(requires, produces, durations, kinds, stages, placements, load_stream
                 jobs[on_stream].append((k, stages[src][j]))
         if load_stream:
             _weight_budget(rows[d], rows[devices + d], *jobs, d)
-        if loads_wait_for_free:
-            _first_load_waits_for_free(rows[d], rows[devices + d], d)
+    if loads_wait_for_free or in_flight is not None:
+        _hold_iterations(rows, devices, loads_wait_for_free, in_flight)
     return rows
 
 
-def _first_load_waits_for_free(compute: list, loads: list, device: int) -> None:
-    """Add the events that hold ``device``'s first LOAD of each iteration until its compute row has ended
-    the last iteration before it that ran anything there (the device learns its next row when it frees)."""
-    last = {item[3]: position for position, item in enumerate(compute)}  # iteration -> its last item here
-    for k, position in last.items():
-        compute[position][1].append(("free", device, k))
-    seen = set()
-    for needs, _, _, k, _ in loads:
-        if k in seen:
-            continue
-        seen.add(k)
-        before = [j for j in last if j < k]
-        if before:
-            needs.append(("free", device, max(before)))
+_FREE = "free"
+"""Tag of the event "device d has ended iteration k" (its compute row's last item of k): a device learns
+of another's without a hand-off, so waiting for it costs no ``comm``."""
+
+
+def _hold_iterations(rows: list, devices: int, loads_wait_for_free: bool, in_flight: int | None) -> None:
+    """Add the events that hold iterations back (``steady_state``'s ``cross_iteration_prefetch=False`` and
+    ``max_in_flight``): each device's first LOAD of an iteration waits until its compute row has ended the
+    last iteration before it that ran anything there; each device's first item of iteration k (on either
+    row) waits until every device has ended iteration k - ``in_flight``."""
+    ended = {}  # iteration -> the devices whose compute row runs something of it
+    for device in range(devices):
+        last = {item[3]: position for position, item in enumerate(rows[device])}
+        for k, position in last.items():
+            rows[device][position][1].append((_FREE, device, k))
+            ended.setdefault(k, []).append(device)
+    for index, row in enumerate(rows):
+        device, is_load_stream = index % devices, index >= devices
+        seen = set()
+        for needs, _, _, k, _ in row:
+            if k in seen:
+                continue
+            seen.add(k)
+            if is_load_stream and loads_wait_for_free:
+                earlier = [j for j in ended if j < k and device in ended[j]]
+                if earlier:
+                    needs.append((_FREE, device, max(earlier)))
+            if in_flight is not None and k - in_flight in ended:
+                needs.extend((_FREE, other, k - in_flight) for other in ended[k - in_flight])
 
 
 def _weight_budget(compute: list, loads: list, compute_jobs: list, load_jobs: list, device: int) -> None:
@@ -227,9 +248,11 @@ def _weight_budget(compute: list, loads: list, compute_jobs: list, load_jobs: li
                 makes.append(("released", device, job))
 
 
-def _run(requires, produces, durations, kinds, stages, comm, placements, load_stream, loads_wait_for_free) -> _Run:
+def _run(requires, produces, durations, kinds, stages, comm, placements, load_stream, loads_wait_for_free,
+         in_flight) -> _Run:
     """The event loop of ``simulate.run_order`` over the rows of ``_items``."""
-    rows = _items(requires, produces, durations, kinds, stages, placements, load_stream, loads_wait_for_free)
+    rows = _items(requires, produces, durations, kinds, stages, placements, load_stream, loads_wait_for_free,
+                  in_flight)
     devices, iterations = len(requires), len(placements)
     happened: dict[tuple, tuple[float, int]] = {}
     waiting: dict[tuple, list[int]] = defaultdict(list)
@@ -250,7 +273,7 @@ def _run(requires, produces, durations, kinds, stages, comm, placements, load_st
                 if seen is None:
                     blocked = event
                     break
-                start = max(start, seen[0] + (comm if seen[1] != device else 0.0))
+                start = max(start, seen[0] + (comm if seen[1] != device and event[0] != _FREE else 0.0))
             if blocked is not None:
                 waiting[blocked].append(row_index)
                 break
