@@ -122,29 +122,30 @@ def _train(config: RunConfig, *, rank: int, stop: StopRequest | None = None) -> 
     bar = _progress(rank, total=steps, initial=trainer.step)
     metrics = open_metrics(out, rank=rank, resume_step=trainer.step)  # out/metrics.jsonl, TensorBoard
     first = trainer.step
-    while trainer.step < steps:
-        stats = trainer.train_step(data, stop=stop)  # every rank learns there whether any was signalled
-        if trainer.step == first + 1:
-            steady_timeouts(config)
-        losses.append(stats.loss)
-        eval_loss = evaluation.run(trainer) if evaluation is not None and evaluation.due(trainer.step, steps) else None
-        if bar is not None and eval_loss is not None:
-            bar.write(f"step {trainer.step}: eval loss {eval_loss:.4f}")
-        if metrics is not None:
-            metrics.log_stats(stats, eval_loss=eval_loss)
-        if warm or trainer.step == steps:  # the first step pays one-off setup; keep it out of tokens/s
-            # (stats.tokens counts non-padding tokens only: padding never inflates tokens/s)
-            tokens, seconds = tokens + stats.tokens, seconds + stats.seconds
-        warm = True
-        if bar is not None and (trainer.step % config.train.log_every == 0 or trainer.step == steps):
-            bar.set_postfix(loss=f"{stats.loss:.3f}", tok_s=f"{tokens / max(seconds, 1e-9):,.0f}")
-        if bar is not None:
-            bar.update(1)
-        every = config.train.save_every
-        if every and trainer.step % every == 0 and trainer.step < steps:
-            trainer.save(os.path.join(out, f"checkpoint-{trainer.step}"), keep=config.train.keep_checkpoints)
-        if stats.stop_signal is not None:  # the same on every rank: all stop after this step
-            _stopped(config, trainer, stats.stop_signal, bar)
+    while trainer.step < steps:  # stretches between evaluations and saves (the pool overlaps the steps of one)
+        for stats in trainer.train_steps(data, _stretch(trainer.step, steps, config, evaluation), stop=stop):
+            if trainer.step == first + 1:
+                steady_timeouts(config)
+            losses.append(stats.loss)
+            due = evaluation is not None and evaluation.due(trainer.step, steps)
+            eval_loss = evaluation.run(trainer) if due else None
+            if bar is not None and eval_loss is not None:
+                bar.write(f"step {trainer.step}: eval loss {eval_loss:.4f}")
+            if metrics is not None:
+                metrics.log_stats(stats, eval_loss=eval_loss)
+            if warm or trainer.step == steps:  # the first step pays one-off setup; keep it out of tokens/s
+                # (stats.tokens counts non-padding tokens only: padding never inflates tokens/s)
+                tokens, seconds = tokens + stats.tokens, seconds + stats.seconds
+            warm = True
+            if bar is not None and (trainer.step % config.train.log_every == 0 or trainer.step == steps):
+                bar.set_postfix(loss=f"{stats.loss:.3f}", tok_s=f"{tokens / max(seconds, 1e-9):,.0f}")
+            if bar is not None:
+                bar.update(1)
+            every = config.train.save_every
+            if every and trainer.step % every == 0 and trainer.step < steps:
+                trainer.save(os.path.join(out, f"checkpoint-{trainer.step}"), keep=config.train.keep_checkpoints)
+            if stats.stop_signal is not None:  # the same on every rank: all stop after this step
+                _stopped(config, trainer, stats.stop_signal, bar)
     if bar is not None:
         bar.close()
     if metrics is not None:
@@ -168,6 +169,16 @@ def _train(config: RunConfig, *, rank: int, stop: StopRequest | None = None) -> 
         print(predicted_effect(pipeline.schedule, pipeline.profile, pipeline.partition,
                                baseline=pipeline.schedule_before_profile))
     return result
+
+
+def _stretch(step: int, steps: int, config: RunConfig, evaluation) -> int:
+    """Optimizer steps from ``step`` to the next one the run evaluates or saves after, or to its end: one
+    ``Trainer.train_steps`` call, whose steps the pool overlaps (the pool is idle again when it ends)."""
+    ends = [steps]
+    for every in (config.train.save_every, 0 if evaluation is None else evaluation.every):
+        if every and every > 0:
+            ends.append((step // every + 1) * every)
+    return min(ends) - step
 
 
 def _stopped(config: RunConfig, trainer, signum: int, bar) -> None:

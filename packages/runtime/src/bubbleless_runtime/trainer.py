@@ -22,7 +22,7 @@ import math
 import os
 import random
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +36,7 @@ from . import checkpoint
 from .collectives import all_reduce, is_distributed
 from .loss_scaling import DynamicLossScaler, ScaledLoss
 from .signals import StopRequest, agreed_signal
+from .train_overlap import overlapped_train_steps
 
 __all__ = [
     "AUTOCAST_DTYPES", "OPTIMIZERS", "DynamicLossScaler", "ScaledLoss", "StepStats", "Trainer", "build_optimizer",
@@ -205,6 +206,24 @@ class Trainer:
         mean_loss, stop_signal = self._loss_and_stop_everywhere(summed / self.scaler_scale_used(), stop)
         return StepStats(self.step, mean_loss, grad_norm, lr, tokens, time.perf_counter() - start, skipped,
                          stop_signal)
+
+    @property
+    def overlaps(self) -> bool:
+        """Whether ``train_steps`` overlaps consecutive steps: the pool with the one-step-stale optimizer."""
+        return isinstance(self.optimizer, AsyncHostOptimizer) and hasattr(self.pipeline, "steps")
+
+    def train_steps(self, data, count: int, *, stop: StopRequest | None = None) -> Iterator[StepStats]:
+        """Up to ``count`` optimizer steps, ``train_step`` each, ending early after the step whose stats carry
+        a stop signal. On the pool with the one-step-stale optimizer the steps overlap (``train_overlap``:
+        the same stats, ``seconds`` from one step's end to the next's); evaluate or save between calls."""
+        if self.overlaps:
+            yield from overlapped_train_steps(self, data, count, stop)
+            return
+        for _ in range(count):
+            stats = self.train_step(data, stop=stop)
+            yield stats
+            if stats.stop_signal is not None:
+                return
 
     def pipeline_step(self, inputs, targets, *, update: bool):
         """One pipeline step; ``update``: the pool's host optimizer steps at its end (else its gradients add
