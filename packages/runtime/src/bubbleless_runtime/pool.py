@@ -13,6 +13,9 @@
         loss = pipe.step(inputs, targets)   # the update from these gradients runs during the next step
     pipe.synchronize()                      # the last update applied: read or save the weights now
 
+    for loss in pipe.steps(batches):        # the same, each step's first jobs on the devices the step
+        ...                                 # before leaves free as it drains (pool_overlap)
+
 Every weight, gradient and optimizer state lives in host memory (``bubbleless_offload.HostStore``); the
 devices are a pool of stateless workers, one thread each, running the jobs the ``roundrobin`` schedule
 gives them (``pool_worker``). The same code runs on CPU "devices" (``devices=["cpu"] * 4``) with real
@@ -31,6 +34,11 @@ call it before reading or saving the weights (``store.master_state_dict`` and th
 next ``step``. ``last_step_result`` is the ``HostStepResult`` of the latest update applied to the
 weights: synchronous, this step's; asynchronous, the previous step's (None after the first step), and
 this step's once ``synchronize()`` returns. The fp16 loss scaler is refused with ``asynchronous``.
+
+Overlapped steps (``steps(batches)``, ``pool_overlap``): with the asynchronous optimizer nothing in step
+k + 1 needs step k's gradients, so as each device ends its row of step k it takes the next row of step
+k + 1; two steps run at once at most, each reading and adding into its own host tensors
+(``bubbleless_offload.HostView``), with exactly the arithmetic of ``step()`` in a loop.
 
 Gradient accumulation: with a host optimizer, ``step(..., optimizer_step=False)`` keeps its gradients in
 the host accumulators and the next ``step`` adds to them; without one, each step adds into ``.grad``.
