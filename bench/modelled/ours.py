@@ -28,16 +28,30 @@ per-layer costs (tapered groups, recompute ahead into waits, the pacing job's mi
 GPUs; under the GPU's memory its own plan and, per dispatch, that of the largest weight limit that fits:
 ``pool_plan_cap.generated_within``), prices each job with ``pool_plan.job_costs`` (LOAD = the group's weights over the host link,
 STORE = its gradients back; a split job pays both on each of its GPUs), and keeps the plan whose
-simulated step is shortest among those that fit the GPU. Assumptions:
+simulated step (``simulate``: one pool step alone, each LOAD in its device's compute order) is shortest
+among those that fit the GPU. That choice is ``auto_groups``' own and is kept as it is: it does not
+re-rank the plans by their overlapped period below. Assumptions:
 
 - host link per GPU: the achieved PCIe rate, or the GPUs' share of half the host's DRAM bandwidth if
   that is less (every GPU streams weights at once; the other half is left to the CPU and activations).
-- the simulator serialises each LOAD with its device's compute (``roundrobin_layout``: pessimistic,
-  RoundPipe overlaps uploads on a separate stream).
-- a step of the global batch is one or more pool steps (``RoundRobinPipeline.step(...,
-  optimizer_step=False)`` accumulates): every divisor of the batch's micro-batches that gives each GPU
-  at least one is tried, the fastest kept. One long pool step puts all micro-batches of the fused last
-  group (the LM head) on one GPU; shorter ones deal those jobs to different GPUs but pay a ramp each.
+- on a GPU profile the pool steps are overlapped as ``RoundRobinPipeline.steps(batches, accumulate=n)``
+  runs them (``bubbleless_runtime.pool_overlap``): the step's compute is n x the steady period of
+  back-to-back pool steps, ``steady_state(schedule, costs, rotate=True, load_stream=True,
+  cross_iteration_prefetch=False, max_in_flight=2)`` over ``STEADY_ITERATIONS`` pool steps: each device,
+  as it ends its row of pool step k, takes the next row of step k + 1 not yet taken (the first-free
+  rule), within a row the next job's weights upload on the copy stream under the two-job budget, the
+  first job of a device's next row uploads only once the device has ended its previous row, and step
+  k + 2 starts once step k has ended everywhere. Not priced: the caller's thread between steps (the
+  loss, the hand-off below, launching the next step), and two steps' boards in host memory at once.
+  ``details``: ``steady_step_s`` (the headline's compute), ``single_step_s`` (pool steps one at a time,
+  LOADs on the copy stream: ``step()`` in a loop, the synchronous optimizer's compute) and
+  ``serial_loads_step_s`` (one at a time, each LOAD in the compute order: what this model priced before
+  the overlap, and still the prediction on a ``cpu`` profile).
+- a step of the global batch is one or more pool steps (gradients accumulated): every divisor of the
+  batch's micro-batches that gives each GPU at least one is tried, the fastest by the step's compute
+  kept. One long pool step puts all micro-batches of the fused last group (the LM head) on one GPU;
+  shorter ones deal those jobs to different GPUs but upload every job's weights once per pool step (and,
+  one at a time, pay a ramp each; overlapped, the ramp is hidden behind the step before).
 - activation hand-off through pinned host memory: the simulator's ``comm`` is one boundary activation
   down and up again at that link rate.
 - the optimizer: ``HostOptimizer``'s CPU AdamW over every trained parameter, which runs torch's fused CPU
@@ -47,11 +61,12 @@ simulated step is shortest among those that fit the GPU. Assumptions:
   (read param, grad, both moments; write param and moments: 28), the gradient norm (read the grad: 4),
   the working bf16 copy (read the master, write 2 bytes: 6) and zeroing the spent accumulator (4).
 - the headline is the one-step-stale optimizer (``optimizer={..., "asynchronous": True}``, RoundPipe's
-  default): the CPU step of the previous batch's gradients runs on a thread during this batch's compute,
-  so the step is max(compute, optimizer) plus the serial hand-off (swap the accumulators, start the
-  thread, swap the working buffers in: pointer swaps, ``HAND_OFF_S_PER_LAYER`` per layer, measured on the
-  build VM). The synchronous step (``RoundRobinPipeline``'s default: compute, then the optimizer) is in
-  the notes and ``details["sync_step_s"]``. On a ``cpu`` profile the prediction is the synchronous step:
+  default, which ``steps()`` requires): the CPU step of the previous batch's gradients runs on a thread
+  during this batch's compute, so the step is max(compute, optimizer) plus the serial hand-off (swap the
+  accumulators, start the thread, swap the working buffers in: pointer swaps, ``HAND_OFF_S_PER_LAYER``
+  per layer, measured on the build VM). The synchronous step (``RoundRobinPipeline``'s default:
+  ``step()`` per pool step, then the optimizer) is in the notes and ``details["sync_step_s"]``. On a
+  ``cpu`` profile the prediction is the synchronous step, pool steps one at a time, LOADs in order:
   the measured CPU runs it is calibrated against (bench/measured) use the synchronous optimizer, and
   there the thread shares the cores the "devices" compute on, which the model does not price (measured
   on the build VM it hid all of a step shorter than the compute: bench/results/async_overlap.md). The
@@ -64,7 +79,8 @@ simulated step is shortest among those that fit the GPU. Assumptions:
   each with its uploaded input in full and the gradient it hands down; a forward job's input while its
   F runs), plus one loss chunk. ``auto_groups`` refuses every plan whose ``plan_peak_bytes`` is over
   the GPU's usable bytes less the chunk, so the peak reported is the one the plan was chosen under.
-  The longest sequence assumes the cut a long-sequence user would pick: one layer per group.
+  Overlapped pool steps add nothing to it: a device's next row starts with nothing of the last held
+  (its first upload waits until that row has ended). The longest sequence assumes the cut a long-sequence user would pick: one layer per group.
 - the cut: ``auto_groups``; where none of its plans fits (the 235B MoE's 5 GB layers on a 24 GB GPU:
   the generator's candidate cuts pack several layers per forward group), the smallest count of backward
   groups past 3 x GPUs that fits and the next three, as a user would pass them.
@@ -76,9 +92,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from typing import NamedTuple
 
 from bubbleless_partition import cut
 from bubbleless_schedules import Costs, Kind, available, generate, simulate
+from bubbleless_schedules.simulate_steady import steady_state
 
 from .common import (
     LOSS_CHUNK_TOKENS,
@@ -256,25 +274,77 @@ def _pool_peak_one_layer_groups(point: Point, seq_len: int) -> float:
 
 
 def pool_step_sizes(point: Point) -> list[int]:
-    """Micro-batches per pool step to try: divisors of the step's micro-batches, at least one per GPU
-    (fewer leaves GPUs idle) unless the batch is smaller than the pool."""
+    """Micro-batches per pool step to try: divisors of the step's micro-batches, at least one per GPU unless
+    the batch is smaller than the pool. Overlapped, fewer would not leave GPUs idle, but each pool step
+    uploads every job's weights once: on 8 RTX 4090s at seq 2048 with 32 micro-batches, 1, 2 or 4 per pool
+    step make the overlapped step 39% (qwen3-32b, 4) to 12x (qwen3-235b-a22b, 1) longer than one pool step
+    of 32, on all four issue models (2026-12-02), so they are not tried."""
     total = point.microbatches
     return [m for m in range(1, total + 1) if total % m == 0 and m >= min(point.gpus, total)]
 
 
+class PoolPlan(NamedTuple):
+    """The plan ``_pool_plan`` keeps, times in ms over the whole batch (its pool steps together)."""
+
+    groups: object
+    """The ``PoolGroups`` of the plan."""
+    makespan_ms: float
+    """Pool steps one at a time, each LOAD in its device's compute order (``simulate``)."""
+    peak_bytes: float
+    """``plan_peak_bytes`` of the busiest GPU plus one loss chunk."""
+    bandwidth: float
+    """GB/s of host link per GPU (``pool_host_bandwidth``)."""
+    microbatches: int
+    """Micro-batches per pool step."""
+    transfer_ms: float
+    """Every LOAD and STORE (a split job's on each of its GPUs)."""
+    last_ms: float
+    """The fused last group's compute alone on its busiest GPU."""
+    even_ms: float
+    """All jobs' work and transfers spread evenly over the GPUs."""
+    single_ms: float
+    """Pool steps one at a time, LOADs on their copy streams (``steady_state``'s single iteration)."""
+    steady_ms: float
+    """Pool steps overlapped as ``RoundRobinPipeline.steps`` runs them: the steady period (``steady_state``
+    with ``rotate=True, load_stream=True, cross_iteration_prefetch=False, max_in_flight=2``) times the pool
+    steps."""
+
+    def over(self, steps: int) -> PoolPlan:
+        """One pool step's plan with its times over ``steps`` pool steps."""
+        return self._replace(makespan_ms=self.makespan_ms * steps, transfer_ms=self.transfer_ms * steps,
+                             last_ms=self.last_ms * steps, even_ms=self.even_ms * steps,
+                             single_ms=self.single_ms * steps, steady_ms=self.steady_ms * steps)
+
+    def compute_ms(self, overlapped: bool) -> float:
+        """The step's compute: overlapped pool steps, or (a cpu profile, calibrated on synchronous runs) one
+        at a time as ``simulate`` prices them."""
+        return self.steady_ms if overlapped else self.makespan_ms
+
+
+STEPS_IN_FLIGHT = 2
+"""Pool steps ``RoundRobinPipeline.steps`` runs at once at most (``pool_overlap``: step k + 2 is launched
+once step k has ended)."""
+STEADY_ITERATIONS = 12
+"""Pool steps simulated back to back for the steady period (mean distance between their ends): qwen3-1.7b
+on 8 RTX 4090s at seq 2048, 32 micro-batches per pool step, at 4 the first steps' ramp shortens it by 2.2%
+against 24, at 12 by 0.35% (the other three models: the same period at 12 and 24)."""
+
+
 @lru_cache(maxsize=256)
-def _pool_plan(point: Point):
-    """The fastest of ``pool_step_sizes``: (groups, makespan of the whole batch, peak bytes, GB/s, M, LOAD +
-    STORE time, the fused last group's compute alone on its busiest GPU, all jobs' work and transfers
-    spread evenly over the GPUs), times in ms over the whole batch."""
+def _pool_plan(point: Point) -> PoolPlan:
+    """The fastest of ``pool_step_sizes`` by the step's compute (``PoolPlan.compute_ms``)."""
+    overlapped = _overlaps(point)
     best = None
     for size in pool_step_sizes(point):
-        plan = _pool_plan_at(point, size)
-        steps = point.microbatches // size
-        total = plan[1] * steps
-        if best is None or total < best[1] - 1e-9:
-            best = (plan[0], total, plan[2], plan[3], size, plan[4] * steps, plan[5] * steps, plan[6] * steps)
+        plan = _pool_plan_at(point, size).over(point.microbatches // size)
+        if best is None or plan.compute_ms(overlapped) < best.compute_ms(overlapped) - 1e-9:
+            best = plan
     return best
+
+
+def _overlaps(point: Point) -> bool:
+    """Whether the headline overlaps pool steps and the optimizer (GPU profiles; the module docstring)."""
+    return point.hardware.kind != "cpu"
 
 
 def pool_profile(point: Point):
@@ -283,7 +353,8 @@ def pool_profile(point: Point):
     return profile_of(point, loss_chunk_tokens=LOSS_CHUNK_TOKENS).with_(host_bandwidth=pool_host_bandwidth(point))
 
 
-def _pool_plan_at(point: Point, microbatches: int):
+def _pool_plan_at(point: Point, microbatches: int) -> PoolPlan:
+    """The plan ``auto_groups`` makes for pool steps of ``microbatches``, times of one pool step."""
     from bubbleless_runtime.pool_plan import auto_groups, plan_peak_bytes  # torch with it: import on use
 
     bandwidth = pool_host_bandwidth(point)
@@ -313,7 +384,10 @@ def _pool_plan_at(point: Point, microbatches: int):
     work += sum(costs.recompute[j] if groups.role(j) == "backward" else costs.forward[j]
                 for j in range(groups.num_stages))  # backward jobs run R, the others F
     even_ms = (work * microbatches + loads) / point.gpus
-    return groups, timeline.makespan, peak, bandwidth, loads, last_ms, even_ms
+    overlapped = steady_state(schedule, costs, iterations=STEADY_ITERATIONS, rotate=True, load_stream=True,
+                              cross_iteration_prefetch=False, max_in_flight=STEPS_IN_FLIGHT)
+    return PoolPlan(groups, timeline.makespan, peak, bandwidth, microbatches, loads, last_ms, even_ms,
+                    overlapped.makespan, overlapped.period)
 
 
 def _more_groups(prof, point: Point, microbatches: int, bandwidth: float, cap: float):
@@ -378,36 +452,44 @@ def host_optimizer_s(point: Point) -> float:
 
 def roundrobin(point: Point) -> Prediction:
     """Our round-robin device pool (RoundPipe's mechanism), as ``RoundRobinPipeline`` would plan it, with
-    the one-step-stale host optimizer (``asynchronous``); the synchronous step is in the notes."""
+    the one-step-stale host optimizer (``asynchronous``) and, on a GPU profile, its pool steps overlapped
+    (``RoundRobinPipeline.steps``); the synchronous step is in the notes."""
     try:
-        groups, makespan_ms, peak, bandwidth, per_step, transfer_ms, last_ms, even_ms = _pool_plan(point)
+        plan = _pool_plan(point)
     except ValueError as error:
         longest = longest_sequence(lambda s: _pool_peak_one_layer_groups(point.at(micro_batch=1), s),
                                    usable_bytes(point.hardware))
         return not_fitting("roundrobin", point, math.inf, longest, f"no plan: {error}")
-    compute = makespan_ms / 1e3
+    overlaps = _overlaps(point)
+    compute = plan.compute_ms(overlaps) / 1e3
+    single = (plan.single_ms if overlaps else plan.makespan_ms) / 1e3  # pool steps one at a time: step()
     optimizer = host_optimizer_s(point)
-    sync_step = compute + optimizer
+    sync_step = single + optimizer
     hand_off = HAND_OFF_S_PER_LAYER * point.shape.num_layers
-    overlaps = point.hardware.kind != "cpu"
     step = (max(compute, optimizer) + hand_off) if overlaps else sync_step
     longest = longest_sequence(lambda s: _pool_peak_one_layer_groups(point.at(micro_batch=1), s),
                                usable_bytes(point.hardware))
+    steps = point.microbatches // plan.microbatches
+    groups = plan.groups
     notes = [
-        f"{point.microbatches // per_step} pool steps of {per_step} micro-batches, gradients accumulated; groups "
+        f"{steps} pool steps of {plan.microbatches} micro-batches, gradients accumulated; groups "
         f"fwd {_runs(groups.forward)} last {groups.last} bwd {_runs(groups.backward)}; host link "
-        f"{bandwidth:.1f} GB/s per GPU",
+        f"{plan.bandwidth:.1f} GB/s per GPU",
+        (f"pool steps overlapped (RoundRobinPipeline.steps(batches, accumulate={steps})): compute {compute:.2f} s "
+         f"= {steps} x the steady period; one pool step at a time (step()) {single:.2f} s"
+         if overlaps else "a cpu profile: pool steps one at a time (step()), LOADs in the compute order"),
         f"one-step-stale optimizer (asynchronous=True, RoundPipe's default; the headline): step "
         f"{step:.2f} s = max(compute {compute:.2f}, CPU AdamW {optimizer:.2f}) + hand-off {hand_off * 1e3:.1f} ms"
         + ("" if overlaps else " (a cpu profile: the synchronous step is the prediction)")
         + f", {point.tokens / step:,.0f} tokens/s",
-        f"synchronous optimizer (RoundRobinPipeline's default): step {sync_step:.2f} s = compute + CPU AdamW, "
-        f"{point.tokens / sync_step:,.0f} tokens/s",
+        f"synchronous optimizer (RoundRobinPipeline's default, step() per pool step): step {sync_step:.2f} s = "
+        f"compute {single:.2f} + CPU AdamW, {point.tokens / sync_step:,.0f} tokens/s",
     ]
-    return done("roundrobin", point, step, peak, longest, notes,
+    return done("roundrobin", point, step, plan.peak_bytes, longest, notes,
                 compute_s=compute, optimizer_s=optimizer, hand_off_s=hand_off if overlaps else 0.0,
-                sync_step_s=sync_step, transfer_s_all_jobs=transfer_ms / 1e3,
-                fused_last_group_s=last_ms / 1e3, work_spread_evenly_s=even_ms / 1e3)
+                sync_step_s=sync_step, single_step_s=single, steady_step_s=plan.steady_ms / 1e3,
+                serial_loads_step_s=plan.makespan_ms / 1e3, transfer_s_all_jobs=plan.transfer_ms / 1e3,
+                fused_last_group_s=plan.last_ms / 1e3, work_spread_evenly_s=plan.even_ms / 1e3)
 
 
 register("roundrobin", modelled=roundrobin, description="ours: round-robin device pool, host-resident state")

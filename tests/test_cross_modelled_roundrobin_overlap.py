@@ -1,0 +1,59 @@
+"""bench/modelled/ours.py ``roundrobin`` on a GPU profile prices the overlapped executor
+(``RoundRobinPipeline.steps``): the step's compute is the steady period of back-to-back pool steps
+(``steady_state`` with the first-free rule, copy streams, no prefetch across pool steps, two in flight)
+times the pool steps, and the pool-step size is the one whose overlapped compute is shortest. A cpu
+profile keeps pricing pool steps one at a time, LOADs in the compute order (what its calibration measures)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # bench/ is not installed: import it from the checkout
+    sys.path.insert(0, str(ROOT))
+
+from bench.modelled import Point, predict  # noqa: E402
+from bench.modelled.calibrate import cpu_point  # noqa: E402
+from bench.modelled.ours import _pool_plan, _pool_plan_at, pool_step_sizes  # noqa: E402
+from bubbleless_partition import A800, shape  # noqa: E402
+
+GPU = Point(shape=shape("qwen3-1.7b"), hardware=A800, gpus=2, seq_len=512, global_batch=4)
+"""Two A800s, 4 micro-batches: pool steps of 2 or 4 are tried."""
+
+
+def test_a_gpu_step_is_the_overlapped_steady_period_and_never_above_one_pool_step_at_a_time():
+    p = predict("roundrobin", GPU)
+    d = p.details
+    assert d["compute_s"] == d["steady_step_s"]
+    assert d["steady_step_s"] <= d["single_step_s"] + 1e-12  # overlapping never loses to one at a time
+    assert d["single_step_s"] <= d["serial_loads_step_s"] + 1e-12  # copy streams never lose to LOADs in order
+    assert p.step_s == pytest.approx(max(d["compute_s"], d["optimizer_s"]) + d["hand_off_s"])
+    assert d["sync_step_s"] == pytest.approx(d["single_step_s"] + d["optimizer_s"])
+    assert any("steady period" in note for note in p.notes)
+
+
+def test_the_pool_step_size_kept_is_the_fastest_overlapped():
+    sizes = pool_step_sizes(GPU)
+    assert sizes == [2, 4]
+    steady = {m: _pool_plan_at(GPU, m).over(GPU.microbatches // m).steady_ms for m in sizes}
+    kept = _pool_plan(GPU)
+    assert kept.steady_ms == pytest.approx(min(steady.values()))
+    assert kept.microbatches == min(steady, key=steady.get)
+
+
+def test_a_cpu_profile_still_prices_pool_steps_one_at_a_time_with_loads_in_order():
+    point = cpu_point(shape("qwen3-1.7b"), global_batch=4)
+    d = predict("roundrobin", point).details
+    assert d["compute_s"] == d["serial_loads_step_s"] == d["single_step_s"]
+    assert d["hand_off_s"] == 0.0
+    assert predict("roundrobin", point).step_s == pytest.approx(d["sync_step_s"])
+
+
+def test_a_slower_host_link_lengthens_the_overlapped_step():
+    fast = predict("roundrobin", GPU).details["steady_step_s"]
+    slow = predict("roundrobin", GPU.at(hardware=replace(A800, host_bandwidth=A800.host_bandwidth / 8)))
+    assert slow.details["steady_step_s"] > fast
