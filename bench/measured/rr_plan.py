@@ -49,17 +49,19 @@ def model_profile(scenario: Scenario, *, seq_len: int) -> Profile:
                       source=f"cost model: {point.hardware.name} profile (bench/measured/rr_plan.py)")
 
 
-def build_pool(scenario: Scenario, *, seq_len: int):
+def build_pool(scenario: Scenario, *, seq_len: int, asynchronous: bool = False):
     """The measured pool (``ours.roundrobin``): ``RoundRobinPipeline`` on CPU devices over the scenario's
     layers, planned on ``model_profile`` with no memory budget (the model's is far above what the tiny model
-    holds); ``precision="fp32"``: the steps run without autocast."""
+    holds); ``precision="fp32"``: the steps run without autocast. ``asynchronous``: the one-step-stale
+    optimizer (``bench.roundrobin.overlap``; the measured systems run the synchronous one)."""
     from bubbleless_runtime import RoundRobinPipeline
 
     return RoundRobinPipeline(
         make_layers(scenario), devices=["cpu"] * scenario.workers, num_microbatches=scenario.microbatches,
         loss_fn=TokenLoss(scenario.global_batch * seq_len), partition=model_profile(scenario, seq_len=seq_len),
         trace=False, precision="fp32",
-        optimizer={"name": "adamw", "lr": scenario.lr, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0})
+        optimizer={"name": "adamw", "lr": scenario.lr, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0,
+                   "asynchronous": asynchronous})
 
 
 def groups_record(groups) -> dict:

@@ -1,0 +1,130 @@
+"""Overlapped pool steps against ``step()`` in a loop, measured on this machine, beside the simulator's figures.
+
+    python -m bench.roundrobin.overlap [--scenario bench/scenarios/tiny.yaml] [--block 6] [--rounds 5]
+        [--out bench/results/overlap.md]
+
+Two ``RoundRobinPipeline``s over copies of the measured scenario's model (``bench.measured``: its layers,
+batches, loss and the plan its cost model prices, ``rr_plan.build_pool``), both with the one-step-stale
+optimizer: one runs ``step()`` per batch, the other ``steps(batches)`` (step k + 1's first jobs on the
+devices step k's drain frees, ``bubbleless_runtime.pool_overlap``). Each round times a block of
+``--block`` consecutive steps of each in turn, the order alternating, each block drained before it and
+synchronized inside its timing, so no update hides in the other's time. The two compute the same
+numbers (their losses are compared), so the ratio of their step times is the overlap's gain here.
+
+Predicted: the simulator's single iteration (``simulate``) against its steady state for the executor's
+rule (``steady_state(rotate=True, max_in_flight=2)``: first-free rows, two steps in flight), both on the
+plan's priced per-job costs. On CPU "devices" the copies run on the device's own thread, so no load
+stream is modelled. What it cannot see: the devices share this machine's cores (one thread each, as
+the scenario says) with the optimizer thread and whatever else runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def predicted(pipe) -> tuple[float, float]:
+    """(one iteration's makespan, the steady period of the overlapped executor), in the plan's cost units."""
+    import inspect
+
+    from bubbleless_schedules import simulate
+    from bubbleless_schedules.simulate_steady import steady_state
+
+    options = {"rotate": True}
+    if "max_in_flight" in inspect.signature(steady_state).parameters:
+        options["max_in_flight"] = 2
+    return simulate(pipe.schedule, pipe.stage_costs).makespan, steady_state(pipe.schedule, pipe.stage_costs,
+                                                                            **options).period
+
+
+def main(argv=None) -> None:
+    import torch
+
+    from bench.measured.rr_plan import build_pool
+    from bench.measured.scenario import load_scenario
+    from bench.measured.tiny import batch
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scenario", default="bench/scenarios/tiny.yaml")
+    parser.add_argument("--block", type=int, default=6, help="consecutive steps per pipeline per round")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=None, help="also write the record here (Markdown)")
+    args = parser.parse_args(argv)
+    scenario = load_scenario(args.scenario)
+    torch.set_num_threads(scenario.threads)
+    seq_len = scenario.seq_len
+    looped = build_pool(scenario, seq_len=seq_len, asynchronous=True)
+    overlapped = build_pool(scenario, seq_len=seq_len, asynchronous=True)
+    batches = [batch(scenario, i, seq_len=seq_len) for i in range(args.block)]
+
+    def loop_block():
+        return [float(looped.step(x, y)) for x, y in batches]
+
+    def overlap_block():
+        return [float(loss) for loss in overlapped.steps(batches)]
+
+    runs = {"step() in a loop": (looped, loop_block), "steps(), overlapped": (overlapped, overlap_block)}
+    times = {name: [] for name in runs}
+    losses = {name: [] for name in runs}
+    for name, (pipe, block) in runs.items():  # warm-up, same batches for both
+        pipe.synchronize()
+        losses[name] = block()
+        pipe.synchronize()
+    for round_index in range(args.rounds):
+        order = list(runs) if round_index % 2 == 0 else list(reversed(runs))
+        for name in order:
+            pipe, block = runs[name]
+            pipe.synchronize()
+            start = time.perf_counter()
+            block()
+            pipe.synchronize()
+            times[name].append((time.perf_counter() - start) / args.block)
+    first, second = losses.values()
+    loss_diff = max(abs(a - b) / max(abs(a), 1e-12) for a, b in zip(first, second, strict=True))
+    makespan, period = predicted(overlapped)
+    median = {name: statistics.median(row) for name, row in times.items()}
+    ratio = median["step() in a loop"] / median["steps(), overlapped"]
+    lines = [
+        "# Overlapped pool steps against step() in a loop (MEASURED on this machine; predicted by the simulator)",
+        "",
+        f"Generated by `python -m bench.roundrobin.overlap --scenario {args.scenario} --block {args.block} "
+        f"--rounds {args.rounds}`; do not edit by hand.",
+        "",
+        f"Run {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')} at commit {_commit()} on "
+        f"{platform.platform()}, torch {torch.__version__}, {scenario.workers} CPU devices with "
+        f"{scenario.threads} thread(s) each (cores shared with other jobs). Scenario {scenario.name}: "
+        f"{scenario.global_batch} x {seq_len} tokens in {scenario.microbatches} micro-batches per step, the plan "
+        f"the cost model prices (groups forward {list(overlapped.groups.forward)}, last {overlapped.groups.last}, "
+        f"backward {list(overlapped.groups.backward)}), AdamW one step stale. {args.rounds} rounds of "
+        f"{args.block} steps each, alternating.",
+        "",
+        "| pool | median s/step | min | max |",
+        "|---|---|---|---|",
+        *[f"| {name} | {median[name]:.3f} | {min(row):.3f} | {max(row):.3f} |" for name, row in times.items()],
+        "",
+        f"Measured: overlapped steps {ratio:.3f}x the step loop's throughput. Predicted (simulator, the plan's "
+        f"priced costs): one iteration {makespan:.4g}, steady period {period:.4g}, {makespan / period:.3f}x. "
+        f"Losses of the two equal within {loss_diff:.1e} (relative): the same computation.",
+    ]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out is not None:
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
