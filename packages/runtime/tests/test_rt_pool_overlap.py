@@ -7,6 +7,7 @@ import sys
 import threading
 
 import pytest
+import torch
 
 from bubbleless_runtime._testing import relative_error, tiny_batch, tiny_model
 from bubbleless_runtime.pool_overlap import deal_order
@@ -167,3 +168,22 @@ def test_rt_pool_when_the_last_loss_is_yielded_the_pipeline_is_free_for_step():
     assert next(steps, None) is None
     want = [loop.step(*batch) for batch in BATCHES[:3]]
     assert max(relative_error(a, b) for a, b in zip(got, want, strict=True)) <= 1e-6
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU: uploads from pinned views, real streams")
+def test_rt_pool_overlapped_steps_on_a_gpu_equal_the_delayed_reference():
+    from test_rt_pool_async import SETTINGS
+
+    from bubbleless_runtime._testing import tiny_loss
+    from bubbleless_runtime.pool import RoundRobinPipeline
+
+    model = tiny_model(7)
+    reference = DelayedReference(tiny_model(7))
+    pipe = RoundRobinPipeline(model, devices=["cuda:0"] * 2, num_microbatches=4, loss_fn=tiny_loss,
+                              partition=CUT, optimizer={**SETTINGS, "asynchronous": True}, timeout=120)
+    assert len(list(pipe.steps(BATCHES))) == len(BATCHES)
+    for batch in BATCHES:
+        reference.step(*batch)
+    _assert_weights(model, reference.running, tolerance=1e-4)  # GPU matmuls round differently
+    pipe.synchronize()
+    _assert_weights(model, reference.masters, tolerance=1e-4)
