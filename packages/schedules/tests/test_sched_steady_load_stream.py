@@ -122,6 +122,14 @@ def test_two_iterations_in_flight_hold_the_third_until_the_first_has_ended():
     assert state(2).makespan == unbounded.makespan
 
 
+def test_waiting_for_another_device_to_end_an_iteration_costs_no_comm():
+    costs = Costs([1.0] * 3, [1.0, 1.0, 3.0], [0.0] * 3, 0.25, load=[0.5] * 3, store=[0.5] * 3, recompute=[1.0] * 3)
+    one = steady_state(ONE_LONG_ROW, costs, rotate=True, load_stream=True, cross_iteration_prefetch=False,
+                       max_in_flight=1)
+    assert one.placements[1][0] != one.placements[0][0]  # the long row moves: its next device waits for another
+    assert one.period == pytest.approx(one.makespan)  # the next iteration starts as the last device ends
+
+
 @pytest.mark.parametrize("bad", [0, -1, True, 1.5])
 def test_max_in_flight_must_be_a_positive_int(bad):
     schedule, costs = pool_schedule_with_loads()
