@@ -213,6 +213,10 @@ class _Run:
         self.cond.notify_all()
 
     # -- the caller's side ------------------------------------------------------------------------
+    def forget(self, index: int) -> None:
+        with self.cond:  # devices walk the iterations under the lock when one fails
+            self.iterations.pop(index, None)
+
     def trace_until(self, index: int) -> tuple[StepSpan, ...]:
         """The spans of steps ``index - 1`` and ``index`` (the overlap between them); older ones are dropped."""
         with self.cond:
@@ -303,7 +307,7 @@ def overlapped_steps(pipe, batches: Iterable, accumulate: int, autocast) -> Iter
                 run.launch(launched, inputs, targets)
                 launched += 1
             pipe._keep_trace(index, run.trace_until(index))
-            run.iterations.pop(index - 1, None)  # its board's host tensors go; the one just processed stays
+            run.forget(index - 1)  # its board's host tensors go; the one just processed stays
             index += 1
             if index == launched:  # the last: the devices leave the run before its loss is yielded, so the
                 finished = True  # caller may call step() or evaluate at once, with the iterator not yet exhausted
