@@ -15,9 +15,9 @@ costs (per-stage sequences, comm, cheap W) and the fastest kept, ties going to t
 the ranks' spans. See ``vshape_greedy`` for why the cap can never deadlock. Below ZB-V's cap the winner
 and the leading candidates then have their cool-downs re-scheduled (``vshape_cooldown``), which meets
 the controllable-memory paper's closed form at unit costs for V-Half and V-Min. At large shapes under a
-tight cap (p=32, m >= 3p), where the budget allows only a few full tries, the block candidates are ranked
-on a run of 2p micro-batches, extrapolated by the period they settle into, and only the best-ranked is
-run in full (``_ranked_search``).
+tight cap (p=32, m >= 3p), where the budget allows only a few full tries, the candidates (the published
+greedy, the blocks as they are and reordered) are ranked on a run of 2p micro-batches, extrapolated by
+the period they settle into, and only the best-ranked is run in full (``_ranked_search``).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from .local_search import adjacent_swaps, independent, schedule_evaluator, sched
 from .vshape_blocks import iter_pcm_blocks, stable_block, steady_peak, v_block
 from .vshape_cooldown import COOL_DOWN, COOL_DOWN_ADMITTING, DEPTHS, recooled
 from .vshape_exact import exact_slot_orders
+from .vshape_fixed import time_fixed_order
 from .vshape_greedy import GreedyResult, Policy, v_list_schedule
 from .vshape_stable import stable_greedy_orders
 
@@ -66,7 +67,7 @@ _MIN_TRIES_UP_TO = 12_400
 _STABLE_UP_TO = 12_400
 """Actions up to which the published greedy's orders (``vshape_stable``) are timed in full after the search
 (two simulations, about 0.1 s at this size). Larger shapes under a tight cap rank the greedy with the block
-candidates on a short run instead (``_ranked_recipes``), which reaches it at p=32 m=256 within the 1 s a
+candidates on a short run instead (``_ranked_fixed_recipes``), which reaches it at p=32 m=256 within the 1 s a
 name may take; the other large ones (wide caps, m < 3p) have the list scheduler's candidates, faster there."""
 
 
@@ -232,11 +233,12 @@ def _labelled(policy: Policy, cap_chunks: float, own: int) -> Policy:
     return replace(policy, lookahead_cap=min(cap_chunks, own))
 
 
-def _fitting_pcm_blocks(p: int, m: int, cap_chunks: float):
+def _fitting_pcm_blocks(p: int, m: int, cap_chunks: float, max_split_values: int = 8):
     """(block, its peak at ``m`` micro-batches, at least 2) for the ``_PCM_BLOCKS_TRIED`` shortest PCM blocks
-    whose repeated order fits ``cap_chunks``, and every other block as short as the last of them."""
+    whose repeated order fits ``cap_chunks``, and every other block as short as the last of them, from the
+    search space with ``max_split_values`` split points (``vshape_blocks.pcm_blocks``)."""
     tried, last_length = 0, None
-    for block in iter_pcm_blocks(p):
+    for block in iter_pcm_blocks(p, max_split_values):
         length = max(block.values()) + 1
         if tried >= _PCM_BLOCKS_TRIED and length != last_length:
             return  # all blocks as short as the last one tried are tried: their order is arbitrary
@@ -247,9 +249,11 @@ def _fitting_pcm_blocks(p: int, m: int, cap_chunks: float):
 
 
 _RANKED_BUDGET = 175_000
-"""Actions ``_ranked_search`` and the cool-down's one try may schedule together: two full runs (the best-
-ranked, then its cool-down) and as many short runs as the rest allows. At p=32 that is 6 short runs at
-m=256 (the search about 0.65 s of the whole generation's 0.9 s), 10 at m=128 and 11 at m=97."""
+"""Actions ``_ranked_search``'s reordered candidates and the cool-down's one try may schedule together: two
+full runs (the best-ranked, then its cool-down) and as many short list-scheduled runs as the rest allows. At
+p=32 that is 6 short runs at m=256, 10 at m=128 and 11 at m=97. The candidates run as they are (about 15
+at p=32, timed by ``vshape_fixed`` at a third of the cost) come on top: with them the whole generation at
+p=32 m=256 under limit 12 takes 0.8-0.93 s CPU on a shared machine (0.70-0.79 s before them)."""
 
 
 def _ranks_candidates(p: int, m: int, cap_chunks: float) -> bool:
@@ -259,16 +263,25 @@ def _ranks_candidates(p: int, m: int, cap_chunks: float) -> bool:
     return cap_chunks < p + 2 and 6 * p * m > _MIN_TRIES_UP_TO and m >= 3 * p
 
 
-def _ranked_recipes(p: int, m: int, cap_chunks: float):
-    """(scripts of n micro-batches, policy) in the order ``_ranked_search`` ranks them: the published greedy
-    over the stable V-Half / V-Min patterns (``vshape_stable``) as fixed orders where they fit, then the PCM
-    blocks shortest first, their W's labelled, reordered within 3 actions (the paper's reorder under real
-    costs): of our candidates timed in full at p=32 m=256, the fastest in five of the seven profiles of
-    bench/results/large_shapes.md (1.5B's is the greedy V-Min, 0.05% faster than the stable pattern run as
-    is, which the greedy replaces here: it was never slower in those seven profiles at m = 97, 128, 256)."""
+def _ranked_fixed_recipes(p: int, m: int, cap_chunks: float):  # yields scripts_of(n)
+    """The orders ``_ranked_search`` ranks as they are (timed by ``vshape_fixed``, a third of a list-scheduled
+    run): the published greedy over the stable V-Half / V-Min patterns (``vshape_stable``) where they fit,
+    then each fitting PCM block's repeated order, over the paper's whole search space (every split point, as
+    its search runs it: at p=32 under limit 12, B-heavy costs, the fastest block's order is the ninth-shortest,
+    split after 29 of 31 rank steps, which the eight evenly spread split points miss)."""
     for kind in ("v-half", "v-min"):
         if _block_peak(p, stable_block(p, kind), m) <= cap_chunks + 1e-9:
-            yield partial(_greedy_tokens, p, kind=kind), _FIXED_ORDER
+            yield partial(_greedy_tokens, p, kind=kind)
+    for block, _ in _fitting_pcm_blocks(p, m, cap_chunks, max_split_values=p):
+        yield partial(_tokens_of_block, p, block=block, labelled=True)
+
+
+def _ranked_reordered_recipes(p: int, m: int, cap_chunks: float):
+    """The PCM blocks shortest first, their W's labelled, reordered within 3 actions (the paper's reorder
+    under real costs): of our candidates timed in full at p=32 m=256, the fastest in four of the seven
+    profiles of bench/results/large_shapes.md (1.5B's is the greedy V-Min, B-heavy's a block as is). These
+    keep the eight spread split points: they get few tries (6 at m=256, 10 at m=128), and the blocks the other
+    split points add push out the ones that win reordered (comm-heavy m=128: 832.5 against 830.5)."""
     for block, own in _fitting_pcm_blocks(p, m, cap_chunks):
         yield partial(_tokens_of_block, p, block=block, labelled=True), _labelled(_PCM_POLICIES[0], cap_chunks, own)
 
@@ -290,21 +303,31 @@ def _extrapolated(short: GreedyResult, m: int) -> float:
 
 
 def _ranked_search(p: int, m: int, costs: Costs, cap_chunks: float, input_grad_frees: float) -> GreedyResult:
-    """The candidates of ``_ranked_recipes`` run for 2p micro-batches (as many as ``_RANKED_BUDGET``
-    allows), ranked by the makespan each predicts for ``m`` (``_extrapolated``); the best-ranked that fits
-    is run in full. At p=32 m=256 a full try costs four short ones, and the budget allows two to four full
-    tries, too few to reach the blocks that win there (comm-heavy: 1626.5 with the first two candidates, the
-    stable pattern's; 1542.5 with the fourth-shortest fitting block; bench/results/large_shapes.md)."""
+    """The candidates of ``_ranked_fixed_recipes`` (all) and ``_ranked_reordered_recipes`` (as many as
+    ``_RANKED_BUDGET`` allows) run for 2p micro-batches, ranked by the makespan each predicts for ``m``
+    (``_extrapolated``); the best-ranked that fits is run in full. At p=32 m=256 a full try costs four short
+    ones, and the budget allows two to four full tries, too few to reach the blocks that win there
+    (comm-heavy: 1626.5 with the first two candidates, the stable pattern's; 1542.5 with the fourth-shortest
+    fitting block, reordered; bench/results/large_shapes.md)."""
     short = max(2 * p, 4)  # at least 4: the pace needs two admissions in the second half
-    ranked = []
+
+    def as_is(n: int, scripts) -> GreedyResult | None:
+        return time_fixed_order(p, n, costs, scripts, input_grad_frees)
+
+    def reordered(policy: Policy):
+        return lambda n, scripts: v_list_schedule(p, n, costs, cap_chunks, policy, input_grad_frees, scripts)
+
     runs = max(1, (_RANKED_BUDGET - 2 * 6 * p * m) // (6 * p * short))
-    for recipe in islice(_ranked_recipes(p, m, cap_chunks), runs):
-        scripts_of, policy = recipe
-        result = v_list_schedule(p, short, costs, cap_chunks, policy, input_grad_frees, scripts_of(short))
+    recipes = [*((scripts_of, as_is) for scripts_of in _ranked_fixed_recipes(p, m, cap_chunks)),
+               *((scripts_of, reordered(policy))
+                 for scripts_of, policy in islice(_ranked_reordered_recipes(p, m, cap_chunks), runs))]
+    ranked = []
+    for scripts_of, run in recipes:
+        result = run(short, scripts_of(short))
         if result is not None and result.peak_chunks <= cap_chunks + 1e-9:
-            ranked.append((_extrapolated(result, m), len(ranked), recipe))
-    for _, _, (scripts_of, policy) in sorted(ranked, key=lambda item: item[:2]):
-        result = v_list_schedule(p, m, costs, cap_chunks, policy, input_grad_frees, scripts_of(m))
+            ranked.append((_extrapolated(result, m), len(ranked), scripts_of, run))
+    for _, _, scripts_of, run in sorted(ranked, key=lambda item: item[:2]):
+        result = run(m, scripts_of(m))
         if result is not None and result.peak_chunks <= cap_chunks + 1e-9:
             return result
     return v_list_schedule(p, m, costs, cap_chunks, _POLICIES[0], input_grad_frees)  # always finishes

@@ -172,10 +172,11 @@ def _pcm_frames(p: int, max_split_values: int) -> tuple[tuple[int, tuple], ...]:
     if len(splits) > max_split_values:
         splits = sorted({splits[round(i * (len(splits) - 1) / (max_split_values - 1))] for i in range(max_split_values)})
     found = []
-    for residues in permutations(range(1, 6), 3):
-        for a in range(1, 6):
-            for b in range(1, 6):
-                for split in splits if a != b else splits[:1]:
+    patterns = list(permutations(range(1, 6), 3))
+    for a in range(1, 6):
+        for b in range(1, 6):
+            for split in splits if a != b else splits[:1]:
+                for residues in patterns:
                     frame = _pcm_frame(p, residues, (a, b), split)
                     if frame is not None:
                         found.append((_shortest_length(p, *frame), len(found), frame))
