@@ -29,7 +29,8 @@ Options (all optional):
   heaviest job) may run on two or more devices, its micro-batches dealt among them (one more upload of
   its weights per device), and the fused group may grow (less recompute) when split so, within
   ``weight_limit`` (and ``memory_limit``: one micro-batch of it is held from its F to its B); the
-  backward jobs that run last (the drain) may be dealt over more devices too.
+  backward jobs that run last (the drain) and the forward jobs that run first (the fill) may be dealt over
+  more devices too, and the cut refined again under that job split.
   ``costs`` is then not used; the
   cut options above, when given, pin the cut. Simulate the result with
   ``roundrobin_cut.job_costs(layer_costs, pool_groups(schedule))``.

@@ -17,7 +17,10 @@ the most work; halves or interleaved, ``roundrobin_dispatch.SPLITS``), and large
 (``grown_fused``: less recompute; every size one layer apart up to the weight limit, then shares of the
 model) over as many devices as keep them from pacing, and then, from the best of those, the backward
 jobs that run last (the drain, ``TAIL_SPLITS``: each waits for the gradient of the one before it, so
-their ends stagger by a micro-batch each) over two or four devices each, all within
+their ends stagger by a micro-batch each) over two or four devices each, then the forward jobs that run
+first (the fill, ``FILL_SPLITS``: device d starts when micro-batch 0 has passed the d jobs before it) over
+two or four, and a second local search moves layers under that whole job split (``SPLIT_REFINE_BUDGET``;
+its plan, or a fill split's, is kept only when faster and no idler back to back: ``_better_no_idler``), all within
 ``weight_limit`` layers of weights per device (default: what the best unsplit plan holds), counted
 as the pool holds them (``held_weights``: a device may end a later-started job first, the pool then
 prefetches its next job into the room it leaves), and refused when a device would need three jobs'
@@ -101,6 +104,9 @@ def _parts(groups: PoolGroups, split_job: tuple, num_microbatches: int) -> dict 
         if spec[0] == "tail":
             _, k, count = spec
             jobs, how = range(max(groups.last_stage + 1, groups.num_stages - k), groups.num_stages), "interleaved"
+        elif spec[0] == "fill":
+            _, k, count = spec
+            jobs, how = range(min(k, len(groups.forward))), "interleaved"
         else:
             job = groups.last_stage if spec[0] == "last" else spec[0]
             jobs, how, count = ([job] if job < groups.num_stages else []), spec[1], spec[2] if len(spec) > 2 else 2
@@ -228,6 +234,28 @@ def search(layer_costs: Costs, *, num_devices: int, num_microbatches: int, memor
             if count <= num_devices:
                 consider(order, look, next_ahead, (*split_specs(split_job), ("tail", min(k, num_devices), count)))
         ranked.sort(key=_rank)
+        # and the fill: the first forward jobs start a micro-batch of the wavefront apart, one per device;
+        # dealt over more devices, more devices start at once (``FILL_SPLITS``). Then a second local search
+        # under the whole job split (the first ran before the splits); the best plan these find replaces
+        # the one they start from only when it is faster and idles no more back to back (``_better_no_idler``)
+        base, before = ranked[0], len(ranked)
+        _, order, (look, next_ahead, split_job) = base[:3]
+        for k, count in FILL_SPLITS if num_microbatches >= 2 * num_devices >= 2 * TAIL_DEVICES else ():
+            if count <= num_devices:
+                consider(order, look, next_ahead, (*split_specs(split_job), ("fill", k, count)))
+        if pinned is None:
+            makespan, order, (look, next_ahead, split_job) = min(ranked, key=_rank)[:3]
+
+            def evaluate_split(cut: PoolGroups, look=look, next_ahead=next_ahead, split_job=split_job):
+                cuts.append(cut)
+                return consider(len(cuts) - 1, look, next_ahead, split_job)
+
+            roundrobin_refine.refine(cuts[order], makespan, evaluate_split, actions_per_evaluation=actions,
+                                     budget=min(SPLIT_REFINE_BUDGET, budget // 2))
+        found = sorted(ranked[before:], key=_rank)[:1]
+        del ranked[before:]
+        ranked.extend(e for e in found if _better_no_idler(e, base, weight_transfers, judge))
+        ranked.sort(key=_rank)
     chosen = ranked[:FINALISTS]  # the simulator (LOAD/STORE costs included) judges them and the best unsplit
     if all(r is not unsplit for r in chosen):
         chosen.append(unsplit)
@@ -251,6 +279,24 @@ def search(layer_costs: Costs, *, num_devices: int, num_microbatches: int, memor
             if judge(searched_split, job_costs(layer_costs, pool_groups(searched_split))) < makespan - 1e-9:
                 return searched_split
     return schedule
+
+
+def _better_no_idler(entry, base, weight_transfers: bool, judge) -> bool:
+    """Whether ``entry`` simulates faster than ``base`` by ``judge`` (``OBJECTIVES``, transfers inserted) and
+    idles no more than it back to back (``STEADY_CHECK``): a fill or drain dealt over more devices ends one
+    iteration sooner, but the devices then start or free at once, where the next iteration's fill needs
+    them a forward job apart (so its steady-state bubble may grow; such a plan is refused)."""
+    plans = [(add_weight_transfers(e[3]) if weight_transfers else e[3], e[4]) for e in (entry, base)]
+    (ours, ours_costs), (theirs, theirs_costs) = plans
+    if judge(ours, ours_costs) >= judge(theirs, theirs_costs) - 1e-9:
+        return False
+    return (steady_state(ours, ours_costs, **STEADY_CHECK).steady_bubble
+            <= steady_state(theirs, theirs_costs, **STEADY_CHECK).steady_bubble + 1e-9)
+
+
+STEADY_CHECK = {"rotate": True, "iterations": 2}
+"""``steady_state`` options of the check in ``_better_no_idler``: the first-free placement over two
+iterations (about a fifth of the time of every shift over four, at 95 layers and 32 micro-batches)."""
 
 
 def _fastest(entries: list, weight_transfers: bool, judge) -> tuple:
@@ -346,7 +392,17 @@ time from first to last); on fewer devices, or with a handful of micro-batches p
 micro-batch or two and the split buys little beside its uploads."""
 
 TAIL_DEVICES = 4
-"""The fewest devices on which the drain's split is tried (``TAIL_SPLITS``)."""
+"""The fewest devices on which the drain's split is tried (``TAIL_SPLITS``), and the fill's (``FILL_SPLITS``)."""
+
+FILL_SPLITS = ((2, 4), (4, 2), (8, 2))
+"""(k, devices): the first k forward jobs split over that many devices each (the fill's mirror of
+``TAIL_SPLITS``): device d's first job waits for micro-batch 0 to pass the d jobs before it, so N devices
+idle about N (N - 1) / 2 forward jobs' micro-batch times in all; with the first jobs dealt over c
+devices each, c devices start at every step of the wavefront and its idle falls to about N (N / c - 1) / 2."""
+
+SPLIT_REFINE_BUDGET = 100_000
+"""Actions the second local search (under the whole job split: fused group, drain and fill) may dispatch,
+at most half the search's budget, on top of it (the first search spends all of it on large models)."""
 
 LEFTOVER_SEARCH = 20_000
 """Actions left by the B search (``split_backward=None``) below which no whole I/W search follows it."""
