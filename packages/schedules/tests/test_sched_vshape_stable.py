@@ -109,3 +109,26 @@ def test_b_heavy_at_p32_is_no_slower_than_the_blocks_order_the_paper_search_wins
     assert theirs.peak_chunks <= 24
     ours = simulate(generate("v-min", num_ranks=p, num_microbatches=m, costs=costs, memory_limit=12), costs)
     assert ours.makespan <= theirs.makespan + 1e-9
+
+
+def _v_half_closed_form(p: int, m: int) -> float:
+    """3m + b(M)/2 at unit per-rank costs, M = V-Half's 2 floor((p+2)/2) chunks (the paper's b(M))."""
+    big_m = 2 * ((p + 2) // 2)
+    b = 3 * p - 1 - 3 * big_m + max(3 * p, p + 1 + 2 * ((big_m + 1) // 2))
+    return 3 * m + max(b, p - 1) / 2
+
+
+def test_v_half_meets_its_closed_form_at_m_equal_p12():
+    """p=12 m=12 at unit costs: 50.5, half a unit below what the cool-down step reached alone (51.0); the
+    wide step (vshape._wide_cool_down) gets there from a block reordered within p actions."""
+    timeline = simulate(generate("v-half", num_ranks=12, num_microbatches=12))
+    assert timeline.makespan == pytest.approx(_v_half_closed_form(12, 12)) == 50.5
+    assert timeline.max_peak_memory <= 7
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("p, m", [(14, 14), (14, 43), (16, 16)])
+def test_v_half_meets_its_closed_form_where_it_missed_by_half_a_unit(p, m):
+    timeline = simulate(generate("v-half", num_ranks=p, num_microbatches=m))
+    assert timeline.makespan == pytest.approx(_v_half_closed_form(p, m))
+    assert timeline.max_peak_memory <= (p + 2) // 2

@@ -429,6 +429,8 @@ def search_v_schedule(
     before_cool_down = best
     if cap_chunks < 2 * p - 1e-9:
         best = _cool_down(p, m, costs, cap_chunks, input_grad_frees, best, leaders)
+        if 6 * p * m <= _MIN_TRIES_UP_TO:
+            best = _wide_cool_down(p, m, costs, cap_chunks, input_grad_frees, best)
     if p <= _EXACT_RANKS_UP_TO and 6 * p * m <= _EXACT_UP_TO and input_grad_frees == 0.0:
         best = _exact(p, m, costs, cap_chunks, best)
     if 6 * p * m <= _LOCAL_SEARCH_UP_TO:
@@ -455,6 +457,36 @@ def _keep_leading(leaders: list[GreedyResult], result: GreedyResult, size: int) 
     at = next((i for i, other in enumerate(leaders) if _better(result, other)), len(leaders))
     leaders.insert(at, result)
     del leaders[size:]
+
+
+_WIDE_BLOCKS = 4
+_WIDE_BUDGET = 100_000
+"""Actions the wide step (``_wide_cool_down``) may schedule: the ``_WIDE_BLOCKS`` shortest fitting blocks,
+each reordered within p actions and re-cooled from each of ``DEPTHS``, in that order (all 36 tries up to
+p=12 m=12, 27 at p=14 m=43, about 0.3 s there)."""
+
+
+def _wide_cool_down(p: int, m: int, costs: Costs, cap_chunks: float, input_grad_frees: float, best):
+    """``best`` or a faster one from the shortest PCM blocks reordered within p actions (a window as wide
+    as the pipeline), their cool-downs re-scheduled. The cool-down step re-schedules the fastest candidates
+    only, and these are not among them (p=12 m=12, unit costs: 55.5 against 52.5), yet re-cooled from depth
+    3 or 4 they are what meets V-Half's closed form at m = p for even p >= 12 and at p=14 m=43 (51.0 -> 50.5
+    at p=12 m=12, 60.0 -> 59.5 at p=14 m=14, 69.0 -> 68.5 at p=16 m=16, 147.0 -> 146.5 at p=14 m=43)."""
+    per_try, spent = 6 * p * m, 0
+    wide = Policy(fill_w=False, lookahead=p)
+    for block, _ in islice(_fitting_pcm_blocks(p, m, cap_chunks), _WIDE_BLOCKS):
+        base = v_list_schedule(p, m, costs, cap_chunks, wide, input_grad_frees, _tokens_of_block(p, m, block))
+        spent += per_try
+        if base is None or base.peak_chunks > cap_chunks + 1e-9:
+            continue
+        for depth in DEPTHS:
+            if spent + per_try > _WIDE_BUDGET:
+                return best
+            spent += per_try
+            for result in recooled(p, m, costs, cap_chunks, input_grad_frees, base, (depth,), COOL_DOWN):
+                if _better(result, best):
+                    best = result
+    return best
 
 
 def _cool_down(p: int, m: int, costs: Costs, cap_chunks: float, input_grad_frees: float, best, leaders):
