@@ -87,9 +87,13 @@ def test_rt_pool_step_k_plus_1_starts_on_a_free_device_before_step_k_ends():
 
 
 def test_rt_pool_deal_order_is_the_order_one_iteration_starts_its_rows():
+    import dataclasses
+
     schedule = generate("roundrobin", num_ranks=4, num_microbatches=4, forward_stages=3, backward_stages=5)
-    order = deal_order(schedule, None)
-    assert sorted(order) == [0, 1, 2, 3] and order[0] == 0
+    assert deal_order(schedule, None) == (0, 1, 2, 3)  # the wavefront starts row r after r forward jobs
+    rows = schedule.actions
+    swapped = dataclasses.replace(schedule, actions=(rows[2], rows[1], rows[0], rows[3]))
+    assert deal_order(swapped, None) == (2, 1, 0, 3)  # the same rows placed elsewhere: dealt by their starts
 
 
 def test_rt_pool_overlapped_failure_raises_drops_only_the_steps_from_it_on_and_training_goes_on():
@@ -187,3 +191,54 @@ def test_rt_pool_overlapped_steps_on_a_gpu_equal_the_delayed_reference():
     _assert_weights(model, reference.running, tolerance=1e-4)  # GPU matmuls round differently
     pipe.synchronize()
     _assert_weights(model, reference.masters, tolerance=1e-4)
+
+
+def test_rt_pool_a_long_run_keeps_the_views_of_the_last_steps_only():
+    import gc
+
+    from bubbleless_runtime.pool_overlap import _ViewOnce
+
+    pipe = _pool(tiny_model(7), asynchronous=True)
+    steps = pipe.steps(BATCHES * 6)
+    for _ in range(len(BATCHES) * 6 - 1):
+        next(steps)
+    gc.collect()
+    assert sum(type(o) is _ViewOnce for o in gc.get_objects()) <= 3  # was one per step of the run
+    assert len(list(steps)) == 1
+
+
+def test_rt_pool_a_bad_batch_is_raised_after_the_steps_drawn_before_it_are_yielded():
+    model, looped_model = tiny_model(7), tiny_model(7)
+    looped, pipe = _pool(looped_model, asynchronous=True), _pool(model, asynchronous=True)
+    bad = (BATCHES[3][0][:3], BATCHES[3][1][:3])  # 3 rows cannot make 4 micro-batches
+    got = []
+    with pytest.raises(ValueError, match="micro-batch"):
+        for loss in pipe.steps([*BATCHES[:3], bad]):
+            got.append(loss)
+    want = [looped.step(*batch) for batch in BATCHES[:3]]
+    assert len(got) == 3 and max(relative_error(a, b) for a, b in zip(got, want, strict=True)) <= 1e-6
+    pipe.synchronize()
+    looped.synchronize()
+    _assert_weights(model, looped_model, tolerance=1e-6)
+
+
+def test_rt_pool_steps_over_no_batches_leaves_no_thread_behind():
+    pipe = _pool(tiny_model(7), asynchronous=True)
+    before = {t.name for t in threading.enumerate()}
+    for _ in range(3):
+        assert list(pipe.steps([])) == []
+    assert {t.name for t in threading.enumerate() if t.name.startswith("bubbleless-pool")} <= before
+
+
+def test_rt_pool_accumulation_over_an_odd_count_equals_step_without_an_optimizer_step():
+    model, looped_model = tiny_model(7), tiny_model(7)
+    pipe, looped = _pool(model, asynchronous=True), _pool(looped_model, asynchronous=True)
+    batches = [*BATCHES, *BATCHES[:2]]
+    got = list(pipe.steps(batches, accumulate=3))
+    want = [looped.step(*batch, optimizer_step=(i + 1) % 3 == 0) for i, batch in enumerate(batches)]
+    assert max(relative_error(a, b) for a, b in zip(got, want, strict=True)) <= 1e-6
+    for a, b in zip(pipe.store.trainable, looped.store.trainable, strict=True):  # the open window's sums
+        assert relative_error(a.grad, b.grad) <= 1e-6
+    pipe.synchronize()
+    looped.synchronize()
+    _assert_weights(model, looped_model, tolerance=1e-6)

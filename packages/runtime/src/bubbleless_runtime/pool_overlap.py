@@ -21,12 +21,13 @@ over the asynchronous optimizer:
   handed off when the n-th ends (``AsyncHostOptimizer.step``: its pointer swaps leave the running step's
   view as it is).
 
-Errors: the first exception of any device stops both running steps at their next wait; the devices are
-cleared, the running steps' gradients dropped (with those accumulated since the last optimizer step),
-and the next ``next()`` raises it, noted with the device, step, row and action. Steps that ended before
-were handed off and their losses yielded: nothing of them is lost. Closing the iterator early (a
-``break``) abandons the step still running the same way; an update in flight is never touched
-(``pipe.synchronize()`` applies it).
+Errors: the first exception of any device in step k stops step k and the one after it at their next
+wait, while a step before k runs on to its end and is handed off and yielded; the devices are then
+cleared, the dropped steps' gradients too (with those accumulated since the last optimizer step), and
+the next ``next()`` raises it, noted with the device, step, row and action, and which steps to run again.
+A batch that is not a valid pair, or an exception drawing it, is raised once the steps drawn before it
+are yielded. Closing the iterator early (a ``break``) abandons the steps still running the same way; an
+update in flight is never touched (``pipe.synchronize()`` applies it).
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ class _ViewOnce:
         with self._lock:
             if self.view is None:
                 self.view = self._resolve()
+                self._resolve = None  # it holds the step before's: a long run would keep every step's view
             return self.view
 
 
@@ -163,12 +165,13 @@ class _Run:
 
     # -- the device threads ---------------------------------------------------------------------------
     def device_loop(self, device: int) -> None:
-        worker = self.pipe.workers[device]
+        worker, index = self.pipe.workers[device], 0
         try:
             with device_thread(worker, self.autocast):
-                index = 0
                 while self._take_and_run(worker, device, index):
                     index += 1
+        except BaseException as error:  # noqa: BLE001 - setting the thread up failed (its device, say)
+            self._fail(error, device, index, None)
         finally:
             self.exited[device].set()
 
@@ -195,7 +198,7 @@ class _Run:
             self.cond.notify_all()
         return True
 
-    def _fail(self, error: BaseException, device: int, index: int, row: int) -> None:
+    def _fail(self, error: BaseException, device: int, index: int, row: int | None) -> None:
         with self.cond:
             self.errors[device] = error
             self.failed_at[device] = (index, row)
@@ -249,11 +252,14 @@ class _Run:
             if error is not failure or not hasattr(failure, "add_note"):
                 continue
             worker, (index, row) = self.pipe.workers[device], self.failed_at[device]
-            done = len(self.iterations[index].states[row].spans)
-            action = worker.actions[done] if done < len(worker.actions) else None
+            if row is None:
+                where = "setting up its thread"
+            else:
+                done = len(self.iterations[index].states[row].spans)
+                where = f"running {worker.actions[done] if done < len(worker.actions) else None} of row {row}"
             dropped = sorted(at for at in self.iterations if at >= self.failed_from)
             failure.add_note(
-                f"raised on {worker.name} running {action} of row {row} in step {index} of the overlapped run "
+                f"raised on {worker.name} {where} in step {index} of the overlapped run "
                 f"(0 = its first batch); steps {dropped} were abandoned, the devices cleared and their gradients "
                 "dropped (with those accumulated since the last optimizer step): run their batches again; the "
                 "steps before were handed to the optimizer and their losses yielded"
@@ -287,25 +293,36 @@ def overlapped_steps(pipe, batches: Iterable, accumulate: int, autocast) -> Iter
                for d in range(len(pipe.workers))]
     for thread in threads:
         thread.start()
-    finished = False
+    finished, launched, deferred = False, 0, []
+
+    def launch(count: int) -> None:
+        nonlocal launched
+        if deferred:
+            return
+        try:
+            for inputs, targets in _first(pairs, count):
+                run.launch(launched, inputs, targets)
+                launched += 1
+        except Exception as error:  # noqa: BLE001 - a bad batch or a data error: raised once the steps
+            deferred.append(error)  # launched before it have ended and been yielded
+
     try:
-        launched = 0
-        for inputs, targets in _first(pairs, 2):
-            run.launch(launched, inputs, targets)
-            launched += 1
+        launch(2)
         index = 0
         while index < launched:
             iteration = run.iterations[index]
             iteration.done.wait()
             if iteration.rows_done < len(pipe.workers):
                 raise run.failure
+            iteration.processed = True  # its gradients are the optimizer's from here: never dropped
             if iteration.hands_off:
-                pipe.last_step_result = pipe.optimizer.step()
-            iteration.processed = True
+                try:
+                    pipe.last_step_result = pipe.optimizer.step()
+                except Exception:  # an update handed off earlier failed: this step's gradients go too,
+                    pipe.store.zero_grad()  # as step() drops them (the running step is abandoned below)
+                    raise
             loss = torch.stack([iteration.step.losses[m].float().cpu() for m in range(pipe.num_microbatches)]).sum()
-            for inputs, targets in _first(pairs, 1):
-                run.launch(launched, inputs, targets)
-                launched += 1
+            launch(1)
             pipe._keep_trace(index, run.trace_until(index))
             run.forget(index - 1)  # its board's host tensors go; the one just processed stays
             index += 1
@@ -314,14 +331,18 @@ def overlapped_steps(pipe, batches: Iterable, accumulate: int, autocast) -> Iter
                 run.stop(None)
                 pipe._own_rows()
             yield loss
+        if deferred:
+            raise deferred[0]
     except BaseException as error:
         run.stop(error if isinstance(error, (KeyboardInterrupt, GeneratorExit)) else PoolAborted("steps() stopped"))
-        run.abandon()
+        if not finished:
+            run.abandon()
         if error is run.failure and not isinstance(error, (KeyboardInterrupt, GeneratorExit)):
             raise run.explain(error) from None
         raise
     finally:
-        if not finished:
+        if not finished:  # no step ran (no batches), or the run was cut short: the threads leave
+            run.stop(None)
             pipe._own_rows()
 
 
