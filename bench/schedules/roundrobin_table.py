@@ -25,7 +25,7 @@ from bubbleless_schedules import Kind, generate, simulate
 from bubbleless_schedules.generators.roundrobin_cut import job_costs
 from bubbleless_schedules.roundrobin_layout import held_weights, pool_groups
 from bubbleless_schedules.simulate import peak_memory
-from bubbleless_schedules.simulate_steady import steady_state
+from bubbleless_schedules.simulate_steady import pool_steady_state, steady_state
 
 from . import roundpipe_reference as rp
 from .roundpipe_profiles import profiles, with_uploads
@@ -47,13 +47,13 @@ def rows(devices: int = DEVICES, microbatches=MICROBATCHES) -> list[dict]:
             seconds = time.process_time() - start
             costs = job_costs(layer_costs, pool_groups(ours))
             timeline = simulate(ours, costs)
-            ours_steady = steady_state(ours, costs)
+            ours_steady = pool_steady_state(ours, costs)  # as RoundRobinPipeline.steps runs them
             theirs_any = rp.roundpipe(layer_costs, num_devices=devices, num_microbatches=m,
                                       extra_cuts=[pool_groups(ours)])
             theirs_steady = steady_state(theirs_any.schedule, theirs_any.costs)
             asynchronous = generate("roundrobin", num_ranks=devices, num_microbatches=m, layer_costs=layer_costs,
                                     objective="period", **limits)
-            asynchronous_steady = steady_state(asynchronous, job_costs(layer_costs, pool_groups(asynchronous)))
+            asynchronous_steady = pool_steady_state(asynchronous, job_costs(layer_costs, pool_groups(asynchronous)))
             theirs_period = min(theirs_steady.period, steady_state(theirs.schedule, theirs.costs).period)
             work = sum(s.end - s.start for s in timeline.spans)
             split_span = _makespan_or_none(layer_costs, devices, m, split_backward=True, **limits)
@@ -202,11 +202,11 @@ def section() -> str:
         "larger fused group then hold many micro-batches (its peak activations are printed). "
         "RoundPipe = the independent reference over its own partitioner's cuts; RP (any cut) = the same "
         "dispatch also given our cut (the ratio uses this stronger one). Bubble = idle share of makespan x "
-        "devices; steady = back-to-back iterations (async optimizer; our pool runs steps one after another, "
-        "so this is what an asynchronous executor would reach), each iteration's rows placed on the stateless "
-        "devices by a fixed rotation (every shift) or first free (the rows that start first on the devices that "
-        "end the previous iteration first), whichever period is shorter, for RoundPipe's plan as for ours "
-        "(`simulate_steady`). Ours' backward: the generator's default "
+        "devices; steady = back-to-back iterations (the one-step-stale optimizer), ours as our executor "
+        "overlaps them (`RoundRobinPipeline.steps`, `simulate_steady.pool_steady_state`: each iteration's rows "
+        "go first free, the rows that start first to the devices that end the previous iteration first, two "
+        "iterations in flight at most), RoundPipe's the shorter period of that rule, unbounded, and every fixed "
+        "rotation of its rows (`simulate_steady.steady_state`). Ours' backward: the generator's default "
         "runs each gradient job's B as I then W (W deferred into the device's waits) where that simulates "
         "faster, else B; the pool runs both (`bubbleless_runtime.pool_split`). B only = `split_backward=False`, "
         "I/W only = `split_backward=True`. Goal: the ours/bound the 5% goal needs with our cut's work "

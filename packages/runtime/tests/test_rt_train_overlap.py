@@ -75,3 +75,18 @@ def test_a_stop_signal_ends_the_stretch_after_a_whole_optimizer_step_and_the_las
         reference.step(data, position * ACCUM)
     trainer.synchronize()
     assert _error(model, reference.masters) <= 1e-5  # nothing drawn was lost or half-applied
+
+
+def test_leaving_a_stretch_early_rewinds_to_the_first_batch_no_reported_step_used():
+    model, data = tiny_model(7), Batches()
+    trainer = _trainer(model, {**SETTINGS, "asynchronous": True})
+    reference = DelayedReference(tiny_model(7))
+    stretch = trainer.train_steps(data, 5)
+    next(stretch)
+    stretch.close()  # the second step's batches were drawn and were running: dropped, drawn again below
+    assert trainer.step == 1 and trainer.data_position == ACCUM
+    assert [s.step for s in trainer.train_steps(data, 2)] == [2, 3]
+    for position in range(3):
+        reference.step(data, position * ACCUM)
+    trainer.synchronize()
+    assert _error(model, reference.masters) <= 1e-5

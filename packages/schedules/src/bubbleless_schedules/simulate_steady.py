@@ -131,6 +131,15 @@ def steady_state(schedule: Schedule, costs: Costs | None = None, *, iterations: 
     return SteadyState(makespan, bubble, period, steady, shift, work, tuple(placements))
 
 
+def pool_steady_state(schedule: Schedule, costs: Costs | None = None, *, iterations: int = 4,
+                      load_stream: bool = False) -> SteadyState:
+    """``steady_state`` as ``RoundRobinPipeline.steps`` runs back-to-back steps: rows dealt first free, two
+    steps in flight, and with ``load_stream`` (a GPU's copy stream) no upload of a device's next row before
+    the device has ended its current one."""
+    return steady_state(schedule, costs, iterations=iterations, rotate=True, load_stream=load_stream,
+                        cross_iteration_prefetch=False, max_in_flight=2)
+
+
 def first_free_placements(run, devices: int, iterations: int) -> list[tuple[int, ...]]:
     """The first-free rule: iteration 0 runs row d on device d; iteration k + 1 deals the rows, in the order
     ``run`` of one iteration starts their first compute, to the devices in the order they end iteration k

@@ -45,9 +45,9 @@ Options (all optional):
   runs faster for the chosen plan (``roundrobin_search``; B on a tie); True forces I/W, False keeps B.
   The pool executor runs both (``bubbleless_runtime.pool_split``).
 - ``objective``: with ``layer_costs``, what the simulator judges the search's finalists by
-  (``roundrobin_search.OBJECTIVES``): ``"makespan"`` (default) one iteration, as our pool executor runs
-  steps one after another; ``"period"`` the steady-state period of back-to-back iterations
-  (``simulate_steady``), the step time of an asynchronous executor.
+  (``roundrobin_search.OBJECTIVES``): ``"makespan"`` (default) one iteration, as ``RoundRobinPipeline.step``
+  runs it; ``"period"`` the steady-state period of back-to-back iterations as ``RoundRobinPipeline.steps``
+  overlaps them (``simulate_steady.pool_steady_state``).
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ from ..lowering import add_weight_transfers
 from ..roundrobin_layout import PoolGroups, held_weights, pool_groups
 from ..schedule import Schedule
 from ..simulate import peak_memory, simulated_makespan
-from ..simulate_steady import steady_state
+from ..simulate_steady import pool_steady_state, steady_state
 from . import roundrobin_refine
 from .roundrobin_cut import candidate_cuts, job_costs, with_last
 from .roundrobin_dispatch import SPLITS, JobTimes, list_dispatch, split_parts
@@ -309,11 +309,11 @@ def _fastest(entries: list, weight_transfers: bool, judge) -> tuple:
 
 OBJECTIVES = {
     "makespan": simulated_makespan,
-    "period": lambda schedule, costs: steady_state(schedule, costs).period,
+    "period": lambda schedule, costs: pool_steady_state(schedule, costs).period,
 }
-"""What the simulator judges the finalists by: one iteration's makespan (our pool executor runs steps one
-after another), or the steady-state period of back-to-back iterations (``simulate_steady``: what an
-asynchronous executor's step takes; a plan whose drain staggers the devices' ends fills the next
+"""What the simulator judges the finalists by: one iteration's makespan (``RoundRobinPipeline.step``), or
+the steady-state period of back-to-back iterations as ``RoundRobinPipeline.steps`` overlaps them
+(``simulate_steady.pool_steady_state``: first free, two in flight; a plan whose drain staggers the devices' ends fills the next
 iteration's fill, which a drain dealt over more devices, ``TAIL_SPLITS``, shortens for one iteration)."""
 
 
