@@ -168,7 +168,7 @@ def bench(session: nox.Session) -> None:
     bench/results/), the deterministic regression check, and the tiny measured scenario in its quick form."""
     _install(session)
     session.install(*CONSTRAINTS, *BENCH_EXTRAS)
-    session.run("pytest", "bench/micro", "-q", "-p", "no:cacheprovider", "--benchmark-json",
+    session.run("python", "-m", "pytest", "bench/micro", "-q", "-p", "no:cacheprovider", "--benchmark-json",
                 "bench/results/micro.json", env=TEST_ENV)
     session.run("python", "-m", "bench.check", env=TEST_ENV)
     session.run("python", "-m", "bench.measured", "--scenario", "bench/scenarios/tiny.yaml", "--quick",
@@ -181,7 +181,7 @@ def bench_full(session: nox.Session) -> None:
     sequence by bisection), its measured regression check, and the modelled tables and plots."""
     _install(session)
     session.install(*CONSTRAINTS, *BENCH_EXTRAS)
-    session.run("pytest", "bench/micro", "-q", "-p", "no:cacheprovider", "--benchmark-json",
+    session.run("python", "-m", "pytest", "bench/micro", "-q", "-p", "no:cacheprovider", "--benchmark-json",
                 "bench/results/micro.json", env=TEST_ENV)
     session.run("python", "-m", "bench.measured", "--scenario", "bench/scenarios/tiny.yaml", env=TEST_ENV)
     session.run("python", "-m", "bench.check", "--measured", "bench/results/measured.json", env=TEST_ENV)
