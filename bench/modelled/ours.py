@@ -36,8 +36,8 @@ re-rank the plans by their overlapped period below. Assumptions:
   that is less (every GPU streams weights at once; the other half is left to the CPU and activations).
 - on a GPU profile the pool steps are overlapped as ``RoundRobinPipeline.steps(batches, accumulate=n)``
   runs them (``bubbleless_runtime.pool_overlap``): the step's compute is n x the steady period of
-  back-to-back pool steps, ``steady_state(schedule, costs, rotate=True, load_stream=True,
-  cross_iteration_prefetch=False, max_in_flight=2)`` over ``STEADY_ITERATIONS`` pool steps: each device,
+  back-to-back pool steps, ``pool_steady_state(schedule, costs, load_stream=True)`` (first free, two steps
+  in flight, no upload of a device's next row before it frees) over ``STEADY_ITERATIONS`` pool steps: each device,
   as it ends its row of pool step k, takes the next row of step k + 1 not yet taken (the first-free
   rule), within a row the next job's weights upload on the copy stream under the two-job budget, the
   first job of a device's next row uploads only once the device has ended its previous row, and step
@@ -96,7 +96,7 @@ from typing import NamedTuple
 
 from bubbleless_partition import cut
 from bubbleless_schedules import Costs, Kind, available, generate, simulate
-from bubbleless_schedules.simulate_steady import steady_state
+from bubbleless_schedules.simulate_steady import pool_steady_state
 
 from .common import (
     LOSS_CHUNK_TOKENS,
@@ -303,11 +303,10 @@ class PoolPlan(NamedTuple):
     even_ms: float
     """All jobs' work and transfers spread evenly over the GPUs."""
     single_ms: float
-    """Pool steps one at a time, LOADs on their copy streams (``steady_state``'s single iteration)."""
+    """Pool steps one at a time, LOADs on their copy streams (``pool_steady_state``'s single iteration)."""
     steady_ms: float
-    """Pool steps overlapped as ``RoundRobinPipeline.steps`` runs them: the steady period (``steady_state``
-    with ``rotate=True, load_stream=True, cross_iteration_prefetch=False, max_in_flight=2``) times the pool
-    steps."""
+    """Pool steps overlapped as ``RoundRobinPipeline.steps`` runs them: the steady period (``pool_steady_state``
+    with ``load_stream=True``) times the pool steps."""
 
     def over(self, steps: int) -> PoolPlan:
         """One pool step's plan with its times over ``steps`` pool steps."""
@@ -321,9 +320,6 @@ class PoolPlan(NamedTuple):
         return self.steady_ms if overlapped else self.makespan_ms
 
 
-STEPS_IN_FLIGHT = 2
-"""Pool steps ``RoundRobinPipeline.steps`` runs at once at most (``pool_overlap``: step k + 2 is launched
-once step k has ended)."""
 STEADY_ITERATIONS = 12
 """Pool steps simulated back to back for the steady period (mean distance between their ends): qwen3-1.7b
 on 8 RTX 4090s at seq 2048, 32 micro-batches per pool step, at 4 the first steps' ramp shortens it by 2.2%
@@ -384,8 +380,7 @@ def _pool_plan_at(point: Point, microbatches: int) -> PoolPlan:
     work += sum(costs.recompute[j] if groups.role(j) == "backward" else costs.forward[j]
                 for j in range(groups.num_stages))  # backward jobs run R, the others F
     even_ms = (work * microbatches + loads) / point.gpus
-    overlapped = steady_state(schedule, costs, iterations=STEADY_ITERATIONS, rotate=True, load_stream=True,
-                              cross_iteration_prefetch=False, max_in_flight=STEPS_IN_FLIGHT)
+    overlapped = pool_steady_state(schedule, costs, iterations=STEADY_ITERATIONS, load_stream=True)
     return PoolPlan(groups, timeline.makespan, peak, bandwidth, microbatches, loads, last_ms, even_ms,
                     overlapped.makespan, overlapped.period)
 

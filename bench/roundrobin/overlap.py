@@ -12,7 +12,7 @@ synchronized inside its timing, so no update hides in the other's time. The two 
 numbers (their losses are compared), so the ratio of their step times is the overlap's gain here.
 
 Predicted: the simulator's single iteration (``simulate``) against its steady state for the executor's
-rule (``steady_state(rotate=True, max_in_flight=2)``: first-free rows, two steps in flight), both on the
+rule (``pool_steady_state``: first-free rows, two steps in flight), both on the
 plan's priced per-job costs. On CPU "devices" the copies run on the device's own thread, so no load
 stream is modelled. What it cannot see: the devices share this machine's cores (one thread each, as
 the scenario says) with the optimizer thread and whatever else runs.
@@ -39,16 +39,10 @@ def _commit() -> str:
 
 def predicted(pipe) -> tuple[float, float]:
     """(one iteration's makespan, the steady period of the overlapped executor), in the plan's cost units."""
-    import inspect
-
     from bubbleless_schedules import simulate
-    from bubbleless_schedules.simulate_steady import steady_state
+    from bubbleless_schedules.simulate_steady import pool_steady_state
 
-    options = {"rotate": True}
-    if "max_in_flight" in inspect.signature(steady_state).parameters:
-        options["max_in_flight"] = 2
-    return simulate(pipe.schedule, pipe.stage_costs).makespan, steady_state(pipe.schedule, pipe.stage_costs,
-                                                                            **options).period
+    return simulate(pipe.schedule, pipe.stage_costs).makespan, pool_steady_state(pipe.schedule, pipe.stage_costs).period
 
 
 def main(argv=None) -> None:
