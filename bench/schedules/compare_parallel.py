@@ -2,6 +2,7 @@
 
     python -m bench.schedules.compare_parallel                 # writes bench/results/schedules.md
     python -m bench.schedules.compare_parallel --out - --jobs 4
+    python -m bench.schedules.compare_sections d h             # only (d) and (h), in place (compare_sections.py)
 
 Sections (a)-(e) and (h) are one task each; the grid sections (f) and (g) are one task per generator,
 their cases gathered and tabled as compare.py tables them. On a shared machine the report's 35 CPU
