@@ -30,7 +30,7 @@ from ..schedule import Schedule
 from .local_search import adjacent_swaps
 from .zb_greedy import INF, GreedyPolicy, evaluate_orders, run_greedy, stage_costs, to_actions
 from .zb_handcrafted import delayed_w_pairs
-from .zb_heuristic import candidates as heuristic_candidates
+from .zb_heuristic import distinct_runs, heuristic_orders
 
 _LARGE = 4096  # p * m above which only the most useful candidates are tried (keeps p=32, m=256 fast)
 
@@ -139,8 +139,14 @@ def search(p: int, m: int, costs: Costs, limit: float, input_grad_frees: float =
     fits = _fits_orders(limit, input_grad_frees)
     # Below p M_B the published heuristic waits in lock-step (at p=32, m=256 it is 6-7x slower than the greedy
     # on every grid profile): large shapes skip it there, small ones still try it.
-    published = () if p * m > _LARGE and limit < p else heuristic_candidates(p, m, costs, limit, input_grad_frees)
-    for orders, makespan, peak in published:
+    published = () if p * m > _LARGE and limit < p else distinct_runs(p, m, costs, limit)
+    for depths, prioritize_b, no_bubble_greedy in published:
+        run = heuristic_orders(  # a run that cannot end strictly below the best stops early (None)
+            p, m, costs, limit, input_grad_frees, depths, prioritize_b, no_bubble_greedy, stop_above=best_key[0]
+        )
+        if run is None:
+            continue
+        orders, makespan, peak = run
         makespan = round(makespan, 9)
         if makespan < best_key[0] and peak <= limit + 1e-9:
             best_orders_, best_key = orders, (makespan, INF)

@@ -62,10 +62,14 @@ def stage_costs(costs: Costs, num_stages: int) -> tuple[list[float], list[float]
 
 
 def run_greedy(num_ranks: int, num_microbatches: int, costs: Costs, policy: GreedyPolicy) -> GreedyResult:
-    """Schedule F, I and W of every micro-batch on ``num_ranks`` ranks (stage r on rank r) greedily."""
+    """Schedule F, I and W of every micro-batch on ``num_ranks`` ranks (stage r on rank r) greedily.
+
+    Hot (``zb`` runs it up to 10 times per search; 100,000 heap events at p=32, m=256): locals only, no
+    calls but the heap's, ``a if a > b else b`` for ``max`` (the same value, without the call)."""
     p, m = num_ranks, num_microbatches
     cf, ci, cw = stage_costs(costs, p)
     comm, g, limit = float(costs.comm), policy.input_grad_frees, policy.memory_limit + _EPS
+    keep = 1.0 - g  # what W frees
     last = p - 1
     f_end = [[INF] * m for _ in range(p)]
     i_end = [[INF] * m for _ in range(p)]
@@ -77,65 +81,62 @@ def run_greedy(num_ranks: int, num_microbatches: int, costs: Costs, policy: Gree
     orders: list[Order] = [[] for _ in range(p)]
     heap = [(0.0, r, 0) for r in range(p)]
     makespan = 0.0
-    push, pop = heapq.heappush, heapq.heappop  # local names: this loop runs once per action and wait
+    push, pop = heapq.heappush, heapq.heappop
     ahead, w_fit, kind_f, kind_i, kind_w = policy.ahead, policy.w_only_if_it_fits, Kind.F, Kind.I, Kind.W
-
-    def wake(rank: int, at: float) -> None:
-        if waiting[rank]:
-            push(heap, (max(at, free[rank]), rank, version[rank]))
 
     while heap:
         t, r, ver = pop(heap)
         if ver != version[r]:
             continue
-        k_i, k_f = ni[r], nf[r]
+        k_i, k_f, k_w = ni[r], nf[r], nw[r]
         i_arrival = INF
         if k_i < k_f:
             i_arrival = f_end[r][k_i]
             if r < last:
-                i_arrival = max(i_arrival, i_end[r + 1][k_i] + comm)
-        held = k_f - g * k_i - (1.0 - g) * nw[r]
+                after = i_end[r + 1][k_i] + comm
+                if after > i_arrival:
+                    i_arrival = after
+        held = k_f - g * k_i - keep * k_w
         f_arrival = INF
         if k_f < m and k_f - k_i < ahead[r] and held + 1.0 <= limit:
             f_arrival = 0.0 if r == 0 else f_end[r - 1][k_f] + comm
+        at = free[r]
         if i_arrival <= t:
-            kind, start, mb = kind_i, max(free[r], i_arrival), k_i
+            end = (i_arrival if i_arrival > at else at) + ci[r]
+            i_end[r][k_i] = end
+            ni[r] = k_i + 1
+            orders[r].append((kind_i, k_i))
+            if r > 0 and waiting[r - 1]:  # the gradient reaches rank r-1 comm later
+                wake = end + comm
+                push(heap, (wake if wake > free[r - 1] else free[r - 1], r - 1, version[r - 1]))
         elif f_arrival <= t:
-            kind, start, mb = kind_f, max(free[r], f_arrival), k_f
-        elif nw[r] < k_i and (not w_fit or free[r] + cw[r] <= min(i_arrival, f_arrival) + _EPS):
-            kind, start, mb = kind_w, free[r], nw[r]  # its I ran on this rank, so W can start at once
+            end = (f_arrival if f_arrival > at else at) + cf[r]
+            f_end[r][k_f] = end
+            nf[r] = k_f + 1
+            held += 1.0
+            if held > peak[r]:
+                peak[r] = held
+            orders[r].append((kind_f, k_f))
+            if r < last and waiting[r + 1]:  # the activation reaches rank r+1 comm later
+                wake = end + comm
+                push(heap, (wake if wake > free[r + 1] else free[r + 1], r + 1, version[r + 1]))
+        elif k_w < k_i and (not w_fit or at + cw[r] <= (i_arrival if i_arrival < f_arrival else f_arrival) + _EPS):
+            end = at + cw[r]  # its I ran on this rank, so W can start at once
+            nw[r] = k_w = k_w + 1
+            orders[r].append((kind_w, k_w - 1))
         else:
             waiting[r] = True
-            nxt = min(i_arrival, f_arrival)
+            nxt = f_arrival if f_arrival < i_arrival else i_arrival
             if nxt < INF:
                 push(heap, (nxt, r, ver))
             continue
         waiting[r] = False
-        version[r] += 1
-        if kind is kind_f:
-            end = start + cf[r]
-            f_end[r][mb] = end
-            nf[r] += 1
-            held += 1.0
-            if held > peak[r]:
-                peak[r] = held
-            if r < last:
-                wake(r + 1, end + comm)
-        elif kind is kind_i:
-            end = start + ci[r]
-            i_end[r][mb] = end
-            ni[r] += 1
-            if r > 0:
-                wake(r - 1, end + comm)
-        else:
-            end = start + cw[r]
-            nw[r] += 1
-        orders[r].append((kind, mb))
+        version[r] = ver = ver + 1
         free[r] = end
         if end > makespan:
             makespan = end
         if nw[r] < m:
-            push(heap, (end, r, version[r]))
+            push(heap, (end, r, ver))
     if any(n < m for n in nw):  # pragma: no cover - an internal invariant, not user input
         raise AssertionError(f"greedy scheduler stalled with W counts {nw} of {m}")
     return GreedyResult(tuple(orders), makespan, max(round(x, 9) for x in peak))
@@ -153,33 +154,44 @@ def evaluate_orders(orders, costs: Costs, num_ranks: int) -> float:
     f_end = [[INF] * m for _ in range(p)]
     i_end = [[INF] * m for _ in range(p)]
     pos, free = [0] * p, [0.0] * p
+    kind_f, kind_i, kind_w = Kind.F, Kind.I, Kind.W
     progress = True
     while progress:
         progress = False
         for r in range(p):
             row, at, t = orders[r], pos[r], free[r]
-            f_prev = f_end[r - 1] if r > 0 else None
-            i_next = i_end[r + 1] if r < p - 1 else None
+            first, last = r == 0, r == p - 1
+            f_prev = f_end[r - 1]  # unused on rank 0 (its forwards need nothing)
+            i_next = i_end[r + 1] if not last else None
             f_own, i_own = f_end[r], i_end[r]
             cf, ci, cw = cost_f[r], cost_i[r], cost_w[r]
-            while at < len(row):
+            length = len(row)
+            while at < length:
                 kind, mb = row[at]
-                if kind is Kind.F:
-                    ready = 0.0 if f_prev is None else f_prev[mb] + comm
-                    if ready == INF:
-                        break
-                    t = max(t, ready) + cf
+                if kind is kind_f:
+                    if first:
+                        ready = 0.0
+                    else:
+                        ready = f_prev[mb] + comm
+                        if ready == INF:
+                            break
+                    t = (ready if ready > t else t) + cf
                     f_own[mb] = t
-                elif kind is Kind.I:
-                    ready = f_own[mb] if i_next is None else max(f_own[mb], i_next[mb] + comm)
+                elif kind is kind_i:
+                    ready = f_own[mb]
+                    if not last:
+                        after = i_next[mb] + comm
+                        if after > ready:
+                            ready = after
                     if ready == INF:
                         break
-                    t = max(t, ready) + ci
+                    t = (ready if ready > t else t) + ci
                     i_own[mb] = t
-                elif kind is Kind.W:
-                    if i_own[mb] == INF:
+                elif kind is kind_w:
+                    ready = i_own[mb]
+                    if ready == INF:
                         break
-                    t = max(t, i_own[mb]) + cw
+                    t = (ready if ready > t else t) + cw
                 else:
                     raise ValueError(f"evaluate_orders handles F, I and W only, got {kind}")
                 at += 1
