@@ -16,8 +16,8 @@ room: a try may stall and is then dropped). Which depth wins varies with the sha
 4 at p=16), so the search tries several, most often winning first, and keeps the fastest by the
 simulator's rules. With it the V search meets the closed form at unit costs for V-Min at every p in
 3..16 and m in {p, 2p, 3p+1}, and for V-Half there except p=14 m=43 and m = p at p = 12, 14, 16 (half
-a unit above each), which ``vshape._wide_cool_down`` closes: the shortest blocks reordered within p
-actions, re-cooled from depth 3 or 4, though before re-cooling they are not among the fastest.
+a unit above each), which ``vshape_improve._wide_cool_down`` closes: the shortest blocks reordered within
+p actions, re-cooled from depth 3 or 4, though before re-cooling they are not among the fastest.
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
-"""Timing a fixed V order fast: what the ranking of ``vshape._ranked_search`` needs of a candidate that is
-run as is (a block's repeated order, the published greedy's), without the list scheduler's choices.
+"""Timing a fixed V order fast: what the ranking of ``vshape_ranked._ranked_search`` needs of a candidate
+that is run as is (a block's repeated order, the published greedy's), without the list scheduler's choices.
 
 Each rank runs its script (``vshape_greedy`` tokens: ``F0`` ``F1`` ``I0`` ``I1``, ``W`` the oldest pending
 weight-gradient, ``W0`` / ``W1`` the oldest of that chunk) in order; a pass starts when the rank is free and
-its inputs have arrived, as ``simulate`` and ``v_list_schedule`` under ``vshape.FIXED_ORDER`` time it. A
-rank that waits for an input stops and is woken when a neighbour (the only ranks its inputs come from under
-V placement) has moved on. About three times as fast as the list scheduler on the same order (p=32, 64
-micro-batches: 0.009 s against 0.028 s), which lets the ranking try the blocks' orders as they are too, and
-the winner's full run takes 0.05 s instead of 0.13 at m=256.
+its inputs have arrived, as ``simulate`` and ``v_list_schedule`` under ``vshape_candidates._FIXED_ORDER``
+time it. A rank that waits for an input stops and is woken when a neighbour (the only ranks its inputs come
+from under V placement) has moved on. About three times as fast as the list scheduler on the same order
+(p=32, 64 micro-batches: 0.009 s against 0.028 s), which lets the ranking try the blocks' orders as they
+are too, and the winner's full run takes 0.05 s instead of 0.13 at m=256.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def time_fixed_order(
     p: int, m: int, costs: Costs, scripts: Sequence[Sequence[str]], input_grad_frees: float = 0.0
 ) -> GreedyResult | None:
     """``scripts`` run as is on ``p`` V-placed ranks, timed (``v_list_schedule``'s result for the same
-    scripts under ``vshape.FIXED_ORDER``); None if they deadlock or leave passes out."""
+    scripts under ``vshape_candidates._FIXED_ORDER``); None if they deadlock or leave passes out."""
     n, last = 2 * p, 2 * p - 1
     f_cost = [costs.of(Kind.F, s, 2) for s in range(n)]
     i_cost = [costs.of(Kind.I, s, 2) for s in range(n)]

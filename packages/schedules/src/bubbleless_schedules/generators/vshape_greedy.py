@@ -69,7 +69,7 @@ class GreedyResult:
     peak_chunks: float
     admitted: tuple[float, ...] = ()
     """End of each micro-batch's first forward (stage 0), in micro-batch order: the steady state's pace
-    (``vshape`` reads a short run's period off it to rank candidates for large shapes)."""
+    (``vshape_ranked`` reads a short run's period off it to rank candidates for large shapes)."""
 
 
 def _stage_rank(stage: int, p: int) -> int:
