@@ -172,35 +172,36 @@ def run_order(schedule: Schedule, costs: Costs) -> list[tuple[int, int, float, f
     runs: list[tuple[int, int, float, float]] = []
     ready = list(range(len(workers)))
 
-    seen_at, record = happened.get, runs.append
+    seen_at, record, claim = happened.get, runs.append, happened.setdefault
     while ready:
         worker = ready.pop()
         needs, makes, takes = requires[worker], produces[worker], durations[worker]
         i, free, length = position[worker], free_at[worker], len(needs)
         while i < length:
             start = free
-            blocked_on = None
             for event in needs[i]:
                 seen = seen_at(event)
                 if seen is None:
-                    blocked_on = event
+                    waiting[event].append(worker)
                     break
-                arrival = seen[0] + (comm if seen[1] != worker else 0.0)
-                if arrival > start:  # start = max(start, arrival), without the call
-                    start = arrival
-            if blocked_on is not None:
-                waiting[blocked_on].append(worker)
-                break
-            free = start + takes[i]
-            record((worker, i, start, free))
-            for event in makes[i]:
-                if event in happened:
-                    message = f"{workers[worker][i]} produces {event} a second time"
-                    raise ValueError(_render_error(schedule, [(worker, i)], message))
-                happened[event] = (free, worker)
-                if waiting:
-                    ready.extend(waiting.pop(event, ()))
-            i += 1
+                at, by = seen
+                if by != worker:
+                    at += comm
+                if at > start:  # start = max(start, arrival), without the call
+                    start = at
+            else:
+                free = start + takes[i]
+                record((worker, i, start, free))
+                for event in makes[i]:
+                    entry = (free, worker)
+                    if claim(event, entry) is not entry:  # one lookup: set it unless it happened already
+                        message = f"{workers[worker][i]} produces {event} a second time"
+                        raise ValueError(_render_error(schedule, [(worker, i)], message))
+                    if waiting:
+                        ready.extend(waiting.pop(event, ()))
+                i += 1
+                continue
+            break
         position[worker], free_at[worker] = i, free
 
     stuck = [(w, position[w]) for w in range(len(workers)) if position[w] < len(workers[w])]
