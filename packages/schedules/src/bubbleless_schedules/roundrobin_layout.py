@@ -235,25 +235,28 @@ class RoundRobinLayout:
     """Dependencies, costs and memory of a round-robin pool schedule (see the module docstring)."""
 
     def requires(self, action: Action, schedule) -> tuple[Event, ...]:
-        groups = pool_groups(schedule)
-        j, m, kind = action.stage, action.microbatch, action.kind
-        role = groups.role(j)
-        problem = _meaningless(action, role)
-        if problem:
-            raise ValueError(problem)
-        if kind in (Kind.LOAD, Kind.STORE):  # a STORE follows the job's B/W on its device in the device's order
-            return ()
-        if kind is Kind.F:
-            return (("F", j - 1, m),) if j > 0 else ()
-        if kind is Kind.R:
-            first = groups.layers(j).start
-            return (("F", groups.forward_stage_holding(first - 1), m),) if first > 0 else ()
-        if kind is Kind.W:  # the weight half of a split backward, after its input half on the same device
-            return (("I", j, m),)
-        if role == "last":  # B (or I) of the fused last group
-            return (("F", j, m),)
-        return (("R", j, m), ("G", j - 1, m))
+        return _requires(action, pool_groups(schedule))
 
+    def rule_rows(self, schedule, costs: Costs) -> tuple[list, list, list]:
+        """``requires``, ``produces`` and ``cost`` of every action, row by row, with the cut read from the
+        meta once and each kind and stage's cost asked once (the per-action methods read the cut per call,
+        which dominated simulating the search's large candidates); the same values as the methods."""
+        groups = pool_groups(schedule)
+        if any(schedule.actions):  # as ``cost`` checks them, once per action
+            costs.check_stages(groups.num_stages)
+        requires, produces, durations, per_kind_stage = [], [], [], {}
+        for row in schedule.actions:
+            requires.append([_requires(a, groups) for a in row])
+            produces.append([self.produces(a, schedule) for a in row])
+            takes = []
+            for a in row:
+                key = (a.kind, a.stage)
+                cost = per_kind_stage.get(key)
+                if cost is None:
+                    cost = per_kind_stage[key] = _cost(a, groups, schedule.num_workers, costs)
+                takes.append(cost)
+            durations.append(takes)
+        return requires, produces, durations
     def produces(self, action: Action, schedule) -> tuple[Event, ...]:
         j, m, kind = action.stage, action.microbatch, action.kind
         if kind in (Kind.LOAD, Kind.STORE):  # no event: a split job has one LOAD/STORE per device
@@ -297,13 +300,7 @@ class RoundRobinLayout:
     def cost(self, action: Action, schedule, costs: Costs) -> float:
         groups = pool_groups(schedule)
         costs.check_stages(groups.num_stages)
-        # Costs.of divides scalars by its third argument; p/(n p / L) = L/n makes a scalar value * n p / L.
-        share = groups.num_layers / (len(groups.layers(action.stage)) * schedule.num_workers)
-        if action.kind in (Kind.LOAD, Kind.STORE):
-            name = "load" if action.kind is Kind.LOAD else "store"
-            value = getattr(costs, name)
-            return value[action.stage] if isinstance(value, tuple) else float(value) / share
-        return costs.of(action.kind, action.stage, share)
+        return _cost(action, groups, schedule.num_workers, costs)
 
     def missing(self, schedule) -> list[str]:
         """Each job's role's actions once per micro-batch, each micro-batch's actions on one device (a
@@ -316,16 +313,20 @@ class RoundRobinLayout:
         if groups.num_stages != schedule.num_stages:
             return [f"meta describes {groups.num_stages} jobs but the schedule has {schedule.num_stages} stages"]
         problems = []
-        counts = Counter(a for _, _, a in schedule.all_actions())
+        counts = Counter((a.stage, a.kind, a.microbatch) for _, _, a in schedule.all_actions())  # plain keys: fast
         devices = defaultdict(set)  # (job, micro-batch) -> the devices running its compute actions
         for worker, _, action in schedule.all_actions():
             devices[(action.stage, action.microbatch)].add(worker)
             if action.stage < groups.num_stages and _meaningless(action, groups.role(action.stage)):
                 problems.append(_meaningless(action, groups.role(action.stage)))
-        transfers = any(a.kind in (Kind.LOAD, Kind.STORE) for a in counts)
+        transfers = any(kind in (Kind.LOAD, Kind.STORE) for _, kind, _ in counts)
         round_size = round_size_of(schedule)
         if round_size is not None:
             return problems + _round_problems(schedule, groups, round_size, transfers, counts)
+        kinds = defaultdict(dict)  # job -> device -> the kinds of its actions there, in order (read once)
+        for worker, actions in enumerate(schedule.actions):
+            for action in actions:
+                kinds[action.stage].setdefault(worker, []).append(action.kind)
         for j in range(groups.num_stages):
             role = groups.role(j)
             for m in range(schedule.num_microbatches):
@@ -337,8 +338,40 @@ class RoundRobinLayout:
                         f"may be split over devices, but each micro-batch's actions run on one device"
                     )
             if transfers:
-                problems += _transfer_problems(schedule, j, role)
+                problems += _transfer_problems(kinds.get(j, {}), j, role)
         return problems
+
+
+def _requires(action: Action, groups: PoolGroups) -> tuple[Event, ...]:
+    """``RoundRobinLayout.requires`` with the cut given."""
+    j, m, kind = action.stage, action.microbatch, action.kind
+    role = groups.role(j)
+    problem = _meaningless(action, role)
+    if problem:
+        raise ValueError(problem)
+    if kind in (Kind.LOAD, Kind.STORE):  # a STORE follows the job's B/W on its device in the device's order
+        return ()
+    if kind is Kind.F:
+        return (("F", j - 1, m),) if j > 0 else ()
+    if kind is Kind.R:
+        first = groups.layers(j).start
+        return (("F", groups.forward_stage_holding(first - 1), m),) if first > 0 else ()
+    if kind is Kind.W:  # the weight half of a split backward, after its input half on the same device
+        return (("I", j, m),)
+    if role == "last":  # B (or I) of the fused last group
+        return (("F", j, m),)
+    return (("R", j, m), ("G", j - 1, m))
+
+
+def _cost(action: Action, groups: PoolGroups, num_workers: int, costs: Costs) -> float:
+    """``RoundRobinLayout.cost`` with the cut given (the caller checks ``costs``' stage count)."""
+    # Costs.of divides scalars by its third argument; p/(n p / L) = L/n makes a scalar value * n p / L.
+    share = groups.num_layers / (len(groups.layers(action.stage)) * num_workers)
+    if action.kind in (Kind.LOAD, Kind.STORE):
+        name = "load" if action.kind is Kind.LOAD else "store"
+        value = getattr(costs, name)
+        return value[action.stage] if isinstance(value, tuple) else float(value) / share
+    return costs.of(action.kind, action.stage, share)
 
 
 def round_size_of(schedule) -> int | None:
@@ -371,15 +404,16 @@ def _round_problems(schedule, groups: PoolGroups, round_size: int, transfers: bo
 
 
 def _compute_problems(j: int, role: str, m: int, counts: Counter) -> list[str]:
-    """Each of the role's actions once for micro-batch m; a gradient job's B may instead be split into
-    I then W (both once, on the device that ran the I)."""
+    """Each of the role's actions once for micro-batch m (``counts``: (stage, kind, micro-batch) -> how
+    often the schedule has it); a gradient job's B may instead be split into I then W (both once, on the
+    device that ran the I)."""
     problems = []
     for kind in _ROLE_KINDS[role]:
-        if kind is Kind.B and counts[Action(j, Kind.B, m)] == 0 and counts[Action(j, Kind.I, m)] == 1 \
-                and counts[Action(j, Kind.W, m)] == 1:
+        if kind is Kind.B and counts[(j, Kind.B, m)] == 0 and counts[(j, Kind.I, m)] == 1 \
+                and counts[(j, Kind.W, m)] == 1:
             continue
-        split = kind is Kind.B and (counts[Action(j, Kind.I, m)] or counts[Action(j, Kind.W, m)])
-        have = counts[Action(j, kind, m)]
+        split = kind is Kind.B and (counts[(j, Kind.I, m)] or counts[(j, Kind.W, m)])
+        have = counts[(j, kind, m)]
         if have != 1 or split:
             problems.append(f"{role} job {j} has {have} of {Action(j, kind, m)}, needs 1"
                             + (" (or I and W once each instead)" if kind is Kind.B else "")
@@ -398,15 +432,13 @@ def _meaningless(action: Action, role: str) -> str | None:
     )
 
 
-def _transfer_problems(schedule, stage: int, role: str) -> list[str]:
-    """On every device running part of the job: LOAD first and (for gradient jobs) STORE last among the
-    job's actions there (a job split over devices uploads its weights and stores its gradients on each)."""
+def _transfer_problems(kinds_on: dict[int, list[Kind]], stage: int, role: str) -> list[str]:
+    """On every device running part of the job (``kinds_on``: device -> the kinds of the job's actions
+    there, in order, devices ascending): LOAD first and (for gradient jobs) STORE last among them (a job
+    split over devices uploads its weights and stores its gradients on each)."""
     problems = []
     wants_store = role != "forward"
-    for device, actions in enumerate(schedule.actions):
-        mine = [a.kind for a in actions if a.stage == stage]
-        if not mine:
-            continue
+    for device, mine in kinds_on.items():
         if mine[0] is not Kind.LOAD or mine.count(Kind.LOAD) != 1:
             problems.append(f"job {stage} needs exactly one LOAD on device {device}, before its first micro-batch there")
         if wants_store and (mine[-1] is not Kind.STORE or mine.count(Kind.STORE) != 1):

@@ -109,9 +109,14 @@ def steady_state(schedule: Schedule, costs: Costs | None = None, *, iterations: 
     kinds = [[a.kind for a in row] for row in schedule.actions]
     stages = [[a.stage for a in row] for row in schedule.actions]
 
+    runs: dict[tuple, _Run] = {}  # placements -> their run: the first-free rule asks again for ones it has
+
     def run(placements) -> _Run:
-        return _run(requires, produces, durations, kinds, stages, costs.comm, placements, load_stream,
-                    load_stream and not cross_iteration_prefetch, max_in_flight)
+        key = tuple(placements)
+        if key not in runs:
+            runs[key] = _run(requires, produces, durations, kinds, stages, costs.comm, key, load_stream,
+                             load_stream and not cross_iteration_prefetch, max_in_flight)
+        return runs[key]
 
     makespan = run([tuple(range(devices))]).ends[0]
     if rotate is None:
