@@ -20,7 +20,9 @@ jobs that run last (the drain, ``TAIL_SPLITS``: each waits for the gradient of t
 their ends stagger by a micro-batch each) over two or four devices each, then the forward jobs that run
 first (the fill, ``FILL_SPLITS``: device d starts when micro-batch 0 has passed the d jobs before it) over
 two or four, and a second local search moves layers under that whole job split (``SPLIT_REFINE_BUDGET``;
-its plan, or a fill split's, is kept only when faster and no idler back to back: ``_better_no_idler``), all within
+its plan, or a fill split's, is kept only when faster and no idler back to back: ``no_idler_than``), then
+the drain's very last job over every device on top of the best plan's split (``widest_drain``: the devices
+end together; kept on the same terms), all within
 ``weight_limit`` layers of weights per device (default: what the best unsplit plan holds), counted
 as the pool holds them (``held_weights``: a device may end a later-started job first, the pool then
 prefetches its next job into the room it leaves), and refused when a device would need three jobs'
@@ -133,6 +135,7 @@ def search(layer_costs: Costs, *, num_devices: int, num_microbatches: int, memor
     ranked, smallest_peak, spent = [], None, 0
     searched = bool(split_backward)  # None: search with B, then try I/W on the winner (at the end)
     weight_cap = weight_limit  # layers of weights a device may hold at once (``held_weights``)
+    figures = {}  # id -> [entry, simulated time, steady bubble] (``no_idler_than``)
 
     def build(order: int, look: int, next_ahead: int, split_job: tuple | None, split: bool) -> tuple | None:
         """A ranked entry (makespan, order, variant, schedule, costs), or None outside the limits."""
@@ -237,7 +240,7 @@ def search(layer_costs: Costs, *, num_devices: int, num_microbatches: int, memor
         # and the fill: the first forward jobs start a micro-batch of the wavefront apart, one per device;
         # dealt over more devices, more devices start at once (``FILL_SPLITS``). Then a second local search
         # under the whole job split (the first ran before the splits); the best plan these find replaces
-        # the one they start from only when it is faster and idles no more back to back (``_better_no_idler``)
+        # the one they start from only when it is faster and idles no more back to back (``no_idler_than``)
         base, before = ranked[0], len(ranked)
         _, order, (look, next_ahead, split_job) = base[:3]
         for k, count in FILL_SPLITS if num_microbatches >= 2 * num_devices >= 2 * TAIL_DEVICES else ():
@@ -252,10 +255,15 @@ def search(layer_costs: Costs, *, num_devices: int, num_microbatches: int, memor
 
             roundrobin_refine.refine(cuts[order], makespan, evaluate_split, actions_per_evaluation=actions,
                                      budget=min(SPLIT_REFINE_BUDGET, budget // 2))
-        found = sorted(ranked[before:], key=_rank)[:1]
-        del ranked[before:]
-        ranked.extend(e for e in found if _better_no_idler(e, base, weight_transfers, judge))
-        ranked.sort(key=_rank)
+        _keep_first_accepted(ranked, before, no_idler_than(base, weight_transfers, judge, figures), tries=1)
+        # last, the drain's very last job over every device (``widest_drain``), on top of the best plan's
+        # split, kept on the same terms
+        base, before = ranked[0], len(ranked)
+        _, order, (look, next_ahead, split_job) = base[:3]
+        for spec in widest_drain(split_job, num_devices) if num_microbatches >= 2 * num_devices >= 2 * TAIL_DEVICES \
+                else ():
+            consider(order, look, next_ahead, spec)
+        _keep_first_accepted(ranked, before, no_idler_than(base, weight_transfers, judge, figures), tries=ACCEPT_TRIES)
     chosen = ranked[:FINALISTS]  # the simulator (LOAD/STORE costs included) judges them and the best unsplit
     if all(r is not unsplit for r in chosen):
         chosen.append(unsplit)
@@ -281,21 +289,51 @@ def search(layer_costs: Costs, *, num_devices: int, num_microbatches: int, memor
     return schedule
 
 
-def _better_no_idler(entry, base, weight_transfers: bool, judge) -> bool:
-    """Whether ``entry`` simulates faster than ``base`` by ``judge`` (``OBJECTIVES``, transfers inserted) and
-    idles no more than it back to back (``STEADY_CHECK``): a fill or drain dealt over more devices ends one
-    iteration sooner, but the devices then start or free at once, where the next iteration's fill needs
-    them a forward job apart (so its steady-state bubble may grow; such a plan is refused)."""
-    plans = [(add_weight_transfers(e[3]) if weight_transfers else e[3], e[4]) for e in (entry, base)]
-    (ours, ours_costs), (theirs, theirs_costs) = plans
-    if judge(ours, ours_costs) >= judge(theirs, theirs_costs) - 1e-9:
-        return False
-    return (steady_state(ours, ours_costs, **STEADY_CHECK).steady_bubble
-            <= steady_state(theirs, theirs_costs, **STEADY_CHECK).steady_bubble + 1e-9)
+def no_idler_than(base, weight_transfers: bool, judge, figures: dict):
+    """A test of entries against ``base``: whether one simulates faster by ``judge`` (``OBJECTIVES``,
+    transfers inserted) and idles no more than it back to back (``STEADY_CHECK``). A fill or drain dealt
+    over more devices ends one iteration sooner, but the devices then start or free at once, where the
+    next iteration's fill needs them a forward job apart (so its steady-state bubble may grow; such a plan
+    is refused). ``figures`` keeps each entry's time and steady bubble once computed (id -> [entry, time,
+    bubble]; the entry kept so its id is not reused), for the tests of one search."""
+
+    def measured(entry, name: str) -> float:
+        known = figures.setdefault(id(entry), [entry, None, None])
+        index = 1 if name == "time" else 2
+        if known[index] is None:
+            schedule = add_weight_transfers(entry[3]) if weight_transfers else entry[3]
+            known[index] = judge(schedule, entry[4]) if name == "time" else \
+                steady_state(schedule, entry[4], **STEADY_CHECK).steady_bubble
+        return known[index]
+
+    def accepts(entry) -> bool:
+        if measured(entry, "time") >= measured(base, "time") - 1e-9:
+            return False
+        return measured(entry, "bubble") <= measured(base, "bubble") + 1e-9
+
+    return accepts
+
+
+def _keep_first_accepted(ranked: list, before: int, accepts, *, tries: int) -> None:
+    """Of the entries from ``before`` on, keep only the fastest (by ``_rank``) that ``accepts``, trying the
+    best of each job split in turn (a split's faster cuts idle alike back to back), ``tries`` of them at
+    most; ``ranked`` ends sorted."""
+    best_per_split = {}
+    for entry in sorted(ranked[before:], key=_rank):
+        best_per_split.setdefault(_rank(entry)[4], entry)
+    found = next((e for e in list(best_per_split.values())[:tries] if accepts(e)), None)
+    del ranked[before:]
+    ranked.extend([found] if found is not None else [])
+    ranked.sort(key=_rank)
+
+
+ACCEPT_TRIES = 4
+"""Job splits whose fastest plan the widest drain's ``_keep_first_accepted`` checks back to back, best
+first (each check a simulation and a steady-state run of two iterations)."""
 
 
 STEADY_CHECK = {"rotate": True, "iterations": 2}
-"""``steady_state`` options of the check in ``_better_no_idler``: the first-free placement over two
+"""``steady_state`` options of the check in ``no_idler_than``: the first-free placement over two
 iterations (about a fifth of the time of every shift over four, at 95 layers and 32 micro-batches)."""
 
 
@@ -399,6 +437,28 @@ FILL_SPLITS = ((2, 4), (4, 2), (8, 2))
 ``TAIL_SPLITS``): device d's first job waits for micro-batch 0 to pass the d jobs before it, so N devices
 idle about N (N - 1) / 2 forward jobs' micro-batch times in all; with the first jobs dealt over c
 devices each, c devices start at every step of the wavefront and its idle falls to about N (N / c - 1) / 2."""
+
+
+def widest_drain(split_job: tuple, num_devices: int) -> list[tuple[tuple, ...]]:
+    """Job splits (``split_specs``) with the drain's very last job dealt over every device, on top of
+    ``split_job``, and also with ``TAIL_SPLITS``' widest entry when ``split_job`` deals no drain. The last
+    job waits for the gradient of the one before it, micro-batch by micro-batch, so as the drain narrows,
+    the devices that ran the jobs before it idle while its parts finish (with 8 jobs over 4 devices each,
+    half the devices end a part of a job early); dealt over every device, each ends with a share of it
+    (one upload of its weights each). The devices then free at once, which may idle the next iteration's
+    fill back to back, so these plans pass ``no_idler_than`` as the fill's do. None when ``TAIL_SPLITS``
+    is empty (no drain split)."""
+    own = split_specs(split_job)
+    widest = ("tail", 1, num_devices)
+    if widest in own or not TAIL_SPLITS:  # no drain split at all when ``TAIL_SPLITS`` is empty
+        return []
+    found = [(*own, widest)]
+    if not any(spec[0] == "tail" for spec in own):
+        k, count = max(TAIL_SPLITS, key=lambda entry: entry[0])
+        if count < num_devices:
+            found.append((*own, ("tail", min(k, num_devices), count), widest))
+    return found
+
 
 SPLIT_REFINE_BUDGET = 100_000
 """Actions the second local search (under the whole job split: fused group, drain and fill) may dispatch,
