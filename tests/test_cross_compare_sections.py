@@ -42,3 +42,9 @@ def test_refuses_what_it_cannot_splice():
         refresh(REPORT, {"d": "no heading here\n"}, "n")
     with pytest.raises(ValueError, match="headings"):
         split_sections("just text\n")
+
+
+def test_keeps_the_notes_footer_after_the_last_section():
+    report = REPORT + "\nNotes: zb_reference: not written yet\n"
+    text = refresh(report, {"h": "## (h) Round-robin\n\n| new h |\n"}, "Section (h) recomputed T by x.")
+    assert text.endswith("| new h |\n\nNotes: zb_reference: not written yet\n")

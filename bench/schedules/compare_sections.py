@@ -19,6 +19,7 @@ from pathlib import Path
 
 SECTION_HEADING = re.compile(r"^#{2,3} \(([a-h])\) ", re.MULTILINE)
 RECOMPUTED_LINE = re.compile(r"^Sections? ((?:\([a-h]\)(?:, )?)+) recomputed .*\n\n", re.MULTILINE)
+NOTES_FOOTER = re.compile(r"^Notes: ", re.MULTILINE)  # what report() adds after (h) when a reference is missing
 ALONE = ("a", "b", "c", "d", "e", "h")
 
 
@@ -39,7 +40,10 @@ def refresh(text: str, fresh: dict[str, str], note: str) -> str:
     Notes of earlier recomputes stay, in order (a later one supersedes an earlier one where they share a
     section), except those whose sections are all recomputed now.
     """
-    head, sections = split_sections(text)
+    first = SECTION_HEADING.search(text)
+    footer = NOTES_FOOTER.search(text, first.start()) if first else None
+    body, tail = (text[:footer.start()], text[footer.start():]) if footer else (text, "")
+    head, sections = split_sections(body)
     missing = sorted(set(fresh) - set(sections))
     if missing:
         raise ValueError(f"the report has no section(s) {', '.join(missing)}: regenerate it whole with "
@@ -54,7 +58,7 @@ def refresh(text: str, fresh: dict[str, str], note: str) -> str:
     head = RECOMPUTED_LINE.sub(lambda line: "" if set(re.findall(r"\(([a-h])\)", line.group(1))) <= set(fresh)
                                else line.group(0), head)
     head = head.rstrip("\n") + "\n\n" + note + "\n\n"
-    return head + "".join(sections.values())
+    return head + "".join(sections.values()) + tail
 
 
 def _compute(letter: str) -> str:
