@@ -15,7 +15,10 @@ plan, jobs are then split over devices (a split job LOADs its weights and STOREs
 on each of its devices): the pacing jobs over two (``pacing_jobs``: the fused last group and the job with
 the most work; halves or interleaved, ``roundrobin_dispatch.SPLITS``), and larger fused groups
 (``grown_fused``: less recompute; every size one layer apart up to the weight limit, then shares of the
-model) over as many devices as keep them from pacing, and then, from the best of those, the backward
+model) over as many devices as keep them from pacing (and, in a branch of its own, when the best plan's only
+split is its fused group's, that plan's cut with one more fused layer under the same split and its drain's
+``TAIL_SPLITS``: ``grown_sources``, a few dispatches beyond the budget, its best judged beside the main
+branch's, both winners tried with I and W), and then, from the best of those, the backward
 jobs that run last (the drain, ``TAIL_SPLITS``: each waits for the gradient of the one before it, so
 their ends stagger by a micro-batch each) over two or four devices each, then the forward jobs that run
 first (the fill, ``FILL_SPLITS``: device d starts when micro-batch 0 has passed the d jobs before it) over
@@ -133,6 +136,7 @@ def search(layer_costs: Costs, *, num_devices: int, num_microbatches: int, memor
     cuts = [pinned] if pinned is not None else candidate_cuts(layer_costs)
     aheads = AHEADS if ahead is None else (ahead,)
     ranked, smallest_peak, spent = [], None, 0
+    branches = [ranked]  # the split search's, and one per further grown source (``grown_sources``)
     searched = bool(split_backward)  # None: search with B, then try I/W on the winner (at the end)
     weight_cap = weight_limit  # layers of weights a device may hold at once (``held_weights``)
     figures = {}  # id -> [entry, simulated time, steady bubble] (``no_idler_than``)
@@ -213,12 +217,13 @@ def search(layer_costs: Costs, *, num_devices: int, num_microbatches: int, memor
         _, order, (look, next_ahead, _), schedule, costs = unsplit
         if weight_limit is None:  # within the weights the best unsplit plan holds per device
             weight_cap = held_weights(schedule)[1]
+        sources = grown_sources(ranked[0], unsplit) if pinned is None else [unsplit]  # before the pacing splits
         for job in pacing_jobs(cuts[order], costs, num_microbatches):
             for how in SPLITS:
                 consider(order, look, next_ahead, (job, how))
         grown = [] if pinned is not None else grown_fused(cuts[order], layer_costs, num_devices, num_microbatches,
                                                           weight_cap=weight_cap)
-        before = len(ranked)
+        pre, before = list(ranked), len(ranked)  # ``pre``: where a further source's branch starts
         for cut, count in grown:  # a larger fused group (less recompute) split wide
             if memory_limit is not None and cut.last * num_devices / cut.num_layers > memory_limit + 1e-9:
                 continue  # one micro-batch of it (F held until B) is over the limit already
@@ -264,18 +269,38 @@ def search(layer_costs: Costs, *, num_devices: int, num_microbatches: int, memor
                 else ():
             consider(order, look, next_ahead, spec)
         _keep_first_accepted(ranked, before, no_idler_than(base, weight_transfers, judge, figures), tries=ACCEPT_TRIES)
-    chosen = ranked[:FINALISTS]  # the simulator (LOAD/STORE costs included) judges them and the best unsplit
-    if all(r is not unsplit for r in chosen):
-        chosen.append(unsplit)
-    winner, schedule, makespan = _fastest(chosen, weight_transfers, judge)
-    if split_backward is None:  # the winner's cut and job split with I and W under every look-ahead; the
-        _, order, (_, _, split_job) = winner[:3]  # simulator judges the list scheduler's best of them
+        first_spent = spent
+        for source in sources[1:]:  # the best plan's split fused group one layer larger, then its drain
+            ranked = list(pre)
+            grown = one_layer_more(cuts[source[1]], weight_cap)
+            if grown is not None and (memory_limit is None
+                                      or grown.last * num_devices / grown.num_layers <= memory_limit + 1e-9):
+                cuts.append(grown)
+                _, _, (source_look, source_next, split_job) = source[:3]
+                if consider(len(cuts) - 1, source_look, source_next, split_job) is not None:
+                    for k, count in TAIL_SPLITS if num_microbatches >= 2 * num_devices >= 2 * TAIL_DEVICES else ():
+                        if count <= num_devices:
+                            consider(len(cuts) - 1, source_look, source_next,
+                                     (*split_specs(split_job), ("tail", min(k, num_devices), count)))
+            branches.append(sorted(ranked, key=_rank))
+        spent = first_spent  # its few dispatches on top of the budget: the I/W search's leftover as without it
+        ranked = sorted({id(e): e for branch in branches for e in branch}.values(), key=_rank)
+    # the simulator (LOAD/STORE costs included) judges the best FINALISTS and the best unsplit, of the split
+    # search's alone and of every branch's; each of the two winners then tries I and W (below)
+    first = _fastest(finalists(branches[0], unsplit), weight_transfers, judge)
+    winner, schedule, makespan = _fastest(finalists(ranked, unsplit, *branches), weight_transfers, judge)
+    if split_backward is None:  # the winners' cut and job split with I and W under every look-ahead; the
         looks = [(a, n) for a in aheads for n in ((0, num_microbatches) if ahead is None else (0,))]
-        split = [e for e in (build(order, a, n, split_job, True) for a, n in looks) if e is not None]
-        if split:
-            _, split_schedule, split_makespan = _fastest([min(split, key=_rank)], weight_transfers, judge)
-            if split_makespan < makespan - 1e-9:  # B on a tie
-                schedule, makespan = split_schedule, split_makespan
+        first_spent = None
+        for tried in dict.fromkeys(id(w) for w in (first[0], winner)):  # simulator judges the list scheduler's
+            _, order, (_, _, split_job) = next(w for w in (first[0], winner) if id(w) == tried)[:3]  # best of them
+            split = [e for e in (build(order, a, n, split_job, True) for a, n in looks) if e is not None]
+            first_spent = spent if first_spent is None else first_spent  # the second winner's on top of the budget
+            if split:
+                _, split_schedule, split_makespan = _fastest([min(split, key=_rank)], weight_transfers, judge)
+                if split_makespan < makespan - 1e-9:  # B on a tie
+                    schedule, makespan = split_schedule, split_makespan
+        spent = first_spent
         if budget - spent >= LEFTOVER_SEARCH:  # B finished early: a whole I/W search in what is left
             try:
                 searched_split = search(layer_costs, num_devices=num_devices, num_microbatches=num_microbatches,
@@ -395,6 +420,37 @@ def grown_fused(groups: PoolGroups, layer_costs: Costs, num_devices: int, num_mi
             if count >= 2:
                 found.append((cut, count))
     return found
+
+
+def grown_sources(best, unsplit) -> list:
+    """The plans whose fused groups grow: the best unsplit plan (``grown_fused``, the whole split search
+    follows) and, when another, the best plan when its only job split is its fused group's (a fine cut
+    whose fused group paces it unsplit: its unsplit plan may be a coarser cut's, whose grown groups lose
+    the fine cut's short jobs; ``one_layer_more`` under the same split, then its drain's splits, a branch
+    of its own: a few dispatches, so the budget bound holds, and never a change to the first branch's plan)."""
+    specs = split_specs(best[2][2])
+    if best is unsplit or not specs or any(spec[0] != "last" for spec in specs):
+        return [unsplit]
+    return [unsplit, best]
+
+
+def one_layer_more(groups: PoolGroups, weight_cap: int | None) -> PoolGroups | None:
+    """``groups`` with one more layer in its fused group (``with_last``), or None when the body would be
+    empty or the group would be over ``weight_cap`` layers."""
+    last = groups.last + 1
+    if last >= groups.num_layers or weight_cap is not None and last > weight_cap:
+        return None
+    return with_last(groups, last)
+
+
+def finalists(ranked: list, unsplit, *branches: list) -> list:
+    """The entries the simulator judges: the ``FINALISTS`` best of ``ranked``, then ``unsplit`` and each
+    branch's ``FINALISTS`` best where not among them (in that order: the first wins a tie)."""
+    chosen = list(ranked[:FINALISTS])
+    for extra in [unsplit, *(e for branch in branches for e in branch[:FINALISTS])]:
+        if all(r is not extra for r in chosen):
+            chosen.append(extra)
+    return chosen
 
 
 def fused_devices(groups: PoolGroups, layer_costs: Costs, num_devices: int, num_microbatches: int) -> int | None:
