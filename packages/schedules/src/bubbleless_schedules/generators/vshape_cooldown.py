@@ -35,14 +35,18 @@ DEPTHS = (2, 4, 1, 3, 5, 6, 8, 7)
 def scripts_before_last(p: int, m: int, rows, depth: int) -> list[list[str]]:
     """Each rank's order as ``v_list_schedule`` script tokens (W's naming their chunk), cut before its
     first-chunk forward of micro-batch ``m - depth``."""
+    token = {(kind, chunk): f"{kind.value}{chunk}" for kind in Kind for chunk in (0, 1)}  # named once
+    forward, cut = Kind.F, m - depth
     scripts = []
     for row in rows:
         tokens: list[str] = []
+        append = tokens.append
         for action in row:
+            kind = action.kind
             chunk = 0 if action.stage < p else 1
-            if action.kind is Kind.F and chunk == 0 and action.microbatch == m - depth:
+            if kind is forward and chunk == 0 and action.microbatch == cut:
                 break
-            tokens.append(f"{action.kind.value}{chunk}")
+            append(token[kind, chunk])
         scripts.append(tokens)
     return scripts
 

@@ -155,6 +155,16 @@ def v_list_schedule(
     table = action_table(n, m)
     act_f, act_i, act_w = table[Kind.F], table[Kind.I], table[Kind.W]
 
+    # each rank's two stages and everything the loop reads for them, bound once (s0 = r < last, so
+    # stage s0 always has a stage above it; s1 = last - r >= p > 0 always has one below)
+    per_rank = [
+        (
+            r, last - r, f_done[r], g_done[r + 1], f_done[r - 1] if r > 0 else None, f_done[last - r],
+            g_done[last - r + 1] if r > 0 else None, f_done[last - r - 1], comm_up[r], comm_up[last - r],
+            comm_down[r], comm_down[last - r], pending_w[r], pending_of[r], scripts[r], out[r].append,
+        )
+        for r in range(p)
+    ]
     # The loop below inlines, for speed, when each rank's next actions become ready: the forward of
     # stage s when stage s-1's output for that micro-batch has arrived; the input-gradient backward when
     # its own forward is done and stage s+1's gradient has arrived (an event's time is its end plus the
@@ -168,45 +178,62 @@ def v_list_schedule(
         now, r = pop(events)
         if now < free_at[r] - eps:
             continue
-        s0, s1 = r, last - r
+        (s0, s1, f0_row, g0_above, f0_below, f1_row, g1_above, f1_below, up0, up1, down0, down1,
+         waiting, waiting_of, script, emit) = per_rank[r]
         # candidate -> when it can start; F0/I0 act on stage s0, F1/I1 on s1, "I" (the earlier I) on i_stage
         cand: dict[str, float] = {}
         i_stage = -1
-        for key, s in (("I1", s1), ("I0", s0)):
-            k = next_i[s]
-            if k >= m:
-                continue
-            t = f_done[s][k]
-            if t < 0:
-                continue
-            if s != last:
-                arrived = g_done[s + 1][k]
-                if arrived < 0:
-                    continue
-                t = max(t, arrived + comm_up[s])
-            cand[key] = t
-            if "I" not in cand or t < cand["I"] - eps:
-                cand["I"], i_stage = t, s
-        script = scripts[r]
-        k = next_f[s1]  # s1 > 0: the second chunk's input always comes from stage s1-1
-        if k < m and f_done[s1 - 1][k] >= 0 and (script or held[r] + 1 <= room):
-            cand["F1"] = f_done[s1 - 1][k] + comm_down[s1]
+        k = next_i[s1]
+        if k < m:
+            t = f1_row[k]
+            if t >= 0:
+                if g1_above is None:  # s1 is the last stage: its gradient starts there
+                    cand["I1"] = t
+                    cand["I"], i_stage = t, s1
+                else:
+                    arrived = g1_above[k]
+                    if arrived >= 0:
+                        arrived += up1
+                        if arrived > t:
+                            t = arrived
+                        cand["I1"] = t
+                        cand["I"], i_stage = t, s1
+        k = next_i[s0]
+        if k < m:
+            t = f0_row[k]
+            if t >= 0:
+                arrived = g0_above[k]
+                if arrived >= 0:
+                    arrived += up0
+                    if arrived > t:
+                        t = arrived
+                    cand["I0"] = t
+                    if i_stage < 0 or t < cand["I"] - eps:
+                        cand["I"], i_stage = t, s0
+        held_r = held[r]
+        k = next_f[s1]
+        if k < m:
+            t = f1_below[k]
+            if t >= 0 and (script or held_r + 1 <= room):
+                cand["F1"] = t + down1
         k = next_f[s0]
         reserve = 1 + admitted_not_up[r] if reserve_all else reserve_one
-        if k < m and (script or held[r] + 1 + reserve <= room):
-            if s0 == 0:
+        if k < m and (script or held_r + 1 + reserve <= room):
+            if f0_below is None:
                 cand["F0"] = 0.0
-            elif f_done[s0 - 1][k] >= 0:
-                cand["F0"] = f_done[s0 - 1][k] + comm_down[s0]
-        if pending_w[r]:
+            else:
+                t = f0_below[k]
+                if t >= 0:
+                    cand["F0"] = t + down0
+        if waiting:
             cand["W"] = now
-            if pending_of[r][0]:
+            if waiting_of[0]:
                 cand["W0"] = now
-            if pending_of[r][1]:
+            if waiting_of[1]:
                 cand["W1"] = now
         horizon = now + eps
         get = cand.get  # a key is ready when get(key, inf) <= horizon ("W" whenever it is a key)
-        order = w_first_order if "W" in cand and held[r] >= w_first_at else plain_order
+        order = w_first_order if "W" in cand and held_r >= w_first_at else plain_order
         if script:
             if script[0][0] == "W" and script[0] not in cand:
                 script.popleft()  # its W was already run to fill a gap
@@ -215,7 +242,7 @@ def v_list_schedule(
             head = script[0]
             choice = None
             head_ready = get(head, inf) <= horizon
-            if head_ready and (lookahead == 1 or head[0] != "F" or held[r] + 1 <= room_ahead):
+            if head_ready and (lookahead == 1 or head[0] != "F" or held_r + 1 <= room_ahead):
                 choice = script.popleft()
             elif lookahead > 1:
                 seen = {head}
@@ -224,7 +251,7 @@ def v_list_schedule(
                     if token in seen:
                         continue
                     seen.add(token)
-                    if get(token, inf) <= horizon and (token[0] != "F" or held[r] + 1 <= room_ahead):
+                    if get(token, inf) <= horizon and (token[0] != "F" or held_r + 1 <= room_ahead):
                         choice = token
                         del script[j]
                         break
@@ -244,7 +271,7 @@ def v_list_schedule(
                     choice = key
                     break
         if patience > 0 and choice in ("W", "F0") and not script:
-            w_len = w_cost[pending_w[r][0][0]] if pending_w[r] else f_cost[s0]
+            w_len = w_cost[waiting[0][0]] if waiting else f_cost[s0]
             # wait only for an arrival the order would run first: under the W-first order an F1 arriving
             # soon would not be chosen over the W either, and the wait would only idle the rank
             ahead = order[:order.index(choice)] if choice in order else order
@@ -258,30 +285,30 @@ def v_list_schedule(
                 push(events, (min(future), r))
             continue
         if choice == "W":
-            s, k = pending_w[r].popleft()
-            pending_of[r][s != s0] -= 1
+            s, k = waiting.popleft()
+            waiting_of[s != s0] -= 1
             end = now + w_cost[s]
-            held[r] -= 1 - g
-            out[r].append(act_w[s][k])
+            held[r] = held_r - (1 - g)
+            emit(act_w[s][k])
         elif choice in ("W0", "W1"):
             s = s0 if choice == "W0" else s1
-            oldest = next(item for item in pending_w[r] if item[0] == s)
-            pending_w[r].remove(oldest)
-            pending_of[r][s != s0] -= 1
+            oldest = next(item for item in waiting if item[0] == s)
+            waiting.remove(oldest)
+            waiting_of[s != s0] -= 1
             k = oldest[1]
             end = now + w_cost[s]
-            held[r] -= 1 - g
-            out[r].append(act_w[s][k])
+            held[r] = held_r - (1 - g)
+            emit(act_w[s][k])
         elif choice == "I":
             s = i_stage
             k = next_i[s]
             next_i[s] += 1
             end = now + i_cost[s]
             g_done[s][k] = end
-            held[r] -= g
-            pending_w[r].append((s, k))
-            pending_of[r][s != s0] += 1
-            out[r].append(act_i[s][k])
+            held[r] = held_r - g
+            waiting.append((s, k))
+            waiting_of[s != s0] += 1
+            emit(act_i[s][k])
             if s > 0:
                 push(events, (end + comm_down[s], rank_of[s - 1]))
         else:
@@ -290,11 +317,12 @@ def v_list_schedule(
             next_f[s] += 1
             end = now + f_cost[s]
             f_done[s][k] = end
-            held[r] += 1
+            held_r += 1
+            held[r] = held_r
             admitted_not_up[r] += 1 if choice == "F0" else -1
-            if held[r] > peak[r]:
-                peak[r] = held[r]
-            out[r].append(act_f[s][k])
+            if held_r > peak[r]:
+                peak[r] = held_r
+            emit(act_f[s][k])
             if s < last:
                 push(events, (end + comm_up[s], rank_of[s + 1]))
         free_at[r] = end
