@@ -495,17 +495,21 @@ def published_numbers() -> str:
     )
 
 
-def provenance() -> str:
+def commit() -> str:
+    """The checkout's short commit hash, or 'unknown' outside a git checkout."""
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                text=True, timeout=10).stdout.strip() or "unknown"
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True, timeout=10).stdout.strip() or "unknown"
     except OSError:
-        commit = "unknown"
+        return "unknown"
+
+
+def provenance() -> str:
     return (
         f"Run {datetime.datetime.now().astimezone().isoformat(timespec='seconds')} on {platform.node() or 'host'}: "
         f"{platform.platform()}, {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; "
         f"Python {platform.python_version()}; bubbleless-schedules {bubbleless_schedules.__version__} "
-        f"at commit {commit}. Memory model in (a)-(d): I frees nothing, W frees the micro-batch "
+        f"at commit {commit()}. Memory model in (a)-(d): I frees nothing, W frees the micro-batch "
         f"(input_grad_frees=0). "
         f"Schedules registered: {', '.join(available())}."
     )

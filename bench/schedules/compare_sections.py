@@ -69,13 +69,6 @@ def _compute(letter: str) -> str:
             "h": compare.roundrobin_section}[letter]()
 
 
-def _commit() -> str:
-    from bench.schedules import compare
-
-    match = re.search(r"at commit (\S+)\.", compare.provenance())
-    return match.group(1) if match else "unknown"
-
-
 def main(argv: list[str] | None = None) -> int:
     from bench.schedules import compare
 
@@ -87,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     fresh = {letter: _compute(letter) for letter in letters}
     named = ", ".join(f"({letter})" for letter in letters)
     when = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
-    note = (f"Section{'s' if len(letters) > 1 else ''} {named} recomputed {when} at commit {_commit()} by "
+    note = (f"Section{'s' if len(letters) > 1 else ''} {named} recomputed {when} at commit {compare.commit()} by "
             f"`python -m bench.schedules.compare_sections {' '.join(letters)}`; the others are from the run above.")
     path = Path(args.report)
     path.write_text(refresh(path.read_text(), fresh, note))
