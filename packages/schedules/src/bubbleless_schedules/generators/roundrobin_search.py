@@ -56,7 +56,7 @@ import math
 
 from ..costs import Costs
 from ..lowering import add_weight_transfers
-from ..roundrobin_layout import PoolGroups, held_weights, pool_groups
+from ..roundrobin_layout import PoolGroups, held_weights
 from ..schedule import Schedule
 from ..simulate import peak_memory, simulated_makespan
 from ..simulate_steady import pool_steady_state, steady_state
@@ -120,17 +120,25 @@ def _parts(groups: PoolGroups, split_job: tuple, num_microbatches: int) -> dict 
     return parts or None
 
 
-def search(layer_costs: Costs, *, num_devices: int, num_microbatches: int, memory_limit: float | None,
-           pinned: PoolGroups | None = None, ahead: int | None = None, weight_transfers: bool = True,
-           split_backward: bool | None = False, weight_limit: int | None = None,
-           budget: int | None = None, objective: str = "makespan") -> Schedule:
+def search(layer_costs: Costs, **options) -> Schedule:
+    """The plan ``timed_search`` finds (same options), without its time."""
+    return timed_search(layer_costs, **options)[0]
+
+
+def timed_search(layer_costs: Costs, *, num_devices: int, num_microbatches: int, memory_limit: float | None,
+                 pinned: PoolGroups | None = None, ahead: int | None = None, weight_transfers: bool = True,
+                 split_backward: bool | None = False, weight_limit: int | None = None,
+                 budget: int | None = None, objective: str = "makespan",
+                 plans: dict | None = None) -> tuple[Schedule, float]:
     """The fastest (cut, look-ahead) within ``memory_limit`` (see the module docstring): every cut with
     the first look-ahead, the ``FINALISTS`` best cuts also with the others and with the next job's
     recompute filling the current job's waits (``next_ahead``), ranked by the list scheduler's own
     makespan; the best ``FINALISTS`` of all are judged by the simulator, with transfers.
     ``split_backward``: True I/W, False B, None the faster of the two for the winner (module docstring).
     ``budget``: actions the list scheduler may dispatch (default ``SEARCH_BUDGET``).
-    ``objective``: what the simulator judges the finalists by (``OBJECTIVES``)."""
+    ``objective``: what the simulator judges the finalists by (``OBJECTIVES``).
+    ``plans``: the list scheduler's plans so far (``build``), shared with the I/W search that follows.
+    Returns the plan and its time by that judge (so the I/W search's is not simulated again)."""
     budget = SEARCH_BUDGET if budget is None else budget
     judge = objective_judge(objective)
     cuts = [pinned] if pinned is not None else candidate_cuts(layer_costs)
@@ -139,7 +147,8 @@ def search(layer_costs: Costs, *, num_devices: int, num_microbatches: int, memor
     branches = [ranked]  # the split search's, and one per further grown source (``grown_sources``)
     searched = bool(split_backward)  # None: search with B, then try I/W on the winner (at the end)
     weight_cap = weight_limit  # layers of weights a device may hold at once (``held_weights``)
-    figures = {}  # id -> [entry, simulated time, steady bubble] (``no_idler_than``)
+    figures = {}  # id -> [entry, simulated time, steady bubble] (``judged``, ``no_idler_than``)
+    plans = {} if plans is None else plans  # (cut, look-ahead, next_ahead, job parts, I/W) -> ``dispatched``
 
     def build(order: int, look: int, next_ahead: int, split_job: tuple | None, split: bool) -> tuple | None:
         """A ranked entry (makespan, order, variant, schedule, costs), or None outside the limits."""
@@ -150,10 +159,16 @@ def search(layer_costs: Costs, *, num_devices: int, num_microbatches: int, memor
             if least > memory_limit + 1e-9:  # so no order of this cut fits: skip dispatching it
                 smallest_peak = least if smallest_peak is None else min(smallest_peak, least)
                 return None
-        schedule, costs, makespan = dispatched(cuts[order], layer_costs, num_devices=num_devices,
-                                               num_microbatches=num_microbatches, ahead=look,
-                                               weight_transfers=False, split_backward=split,
-                                               next_ahead=next_ahead, split_job=split_job or None)
+        # a plan met again (a grown cut another branch dispatched, a local search's step back, the two
+        # winners' I/W plans, a job split written two ways) counts against the budget as before, but is
+        # not dispatched again
+        parts = _parts(cuts[order], split_job, num_microbatches) if split_job else None
+        key = (cuts[order], look, next_ahead, None if parts is None else tuple(sorted(parts.items())), split)
+        if key not in plans:
+            plans[key] = dispatched(cuts[order], layer_costs, num_devices=num_devices,
+                                    num_microbatches=num_microbatches, ahead=look, weight_transfers=False,
+                                    split_backward=split, next_ahead=next_ahead, split_job=split_job or None)
+        schedule, costs, makespan = plans[key]
         jobs, layers = held_weights(schedule)
         if jobs > 2 or weight_cap is not None and layers > weight_cap:
             return None
@@ -287,8 +302,8 @@ def search(layer_costs: Costs, *, num_devices: int, num_microbatches: int, memor
         ranked = sorted({id(e): e for branch in branches for e in branch}.values(), key=_rank)
     # the simulator (LOAD/STORE costs included) judges the best FINALISTS and the best unsplit, of the split
     # search's alone and of every branch's; each of the two winners then tries I and W (below)
-    first = _fastest(finalists(branches[0], unsplit), weight_transfers, judge)
-    winner, schedule, makespan = _fastest(finalists(ranked, unsplit, *branches), weight_transfers, judge)
+    first = _fastest(finalists(branches[0], unsplit), weight_transfers, judge, figures)
+    winner, schedule, makespan = _fastest(finalists(ranked, unsplit, *branches), weight_transfers, judge, figures)
     if split_backward is None:  # the winners' cut and job split with I and W under every look-ahead; the
         looks = [(a, n) for a in aheads for n in ((0, num_microbatches) if ahead is None else (0,))]
         first_spent = None
@@ -297,21 +312,23 @@ def search(layer_costs: Costs, *, num_devices: int, num_microbatches: int, memor
             split = [e for e in (build(order, a, n, split_job, True) for a, n in looks) if e is not None]
             first_spent = spent if first_spent is None else first_spent  # the second winner's on top of the budget
             if split:
-                _, split_schedule, split_makespan = _fastest([min(split, key=_rank)], weight_transfers, judge)
+                _, split_schedule, split_makespan = _fastest([min(split, key=_rank)], weight_transfers, judge,
+                                                             figures)
                 if split_makespan < makespan - 1e-9:  # B on a tie
                     schedule, makespan = split_schedule, split_makespan
         spent = first_spent
         if budget - spent >= LEFTOVER_SEARCH:  # B finished early: a whole I/W search in what is left
             try:
-                searched_split = search(layer_costs, num_devices=num_devices, num_microbatches=num_microbatches,
+                searched = timed_search(layer_costs, num_devices=num_devices, num_microbatches=num_microbatches,
                                         memory_limit=memory_limit, pinned=pinned, ahead=ahead,
                                         weight_transfers=weight_transfers, split_backward=True,
-                                        weight_limit=weight_cap, budget=budget - spent, objective=objective)
+                                        weight_limit=weight_cap, budget=budget - spent, objective=objective,
+                                        plans=plans)
             except ValueError:  # no cut within the limits under I/W
-                return schedule
-            if judge(searched_split, job_costs(layer_costs, pool_groups(searched_split))) < makespan - 1e-9:
-                return searched_split
-    return schedule
+                return schedule, makespan
+            if searched[1] < makespan - 1e-9:
+                return searched
+    return schedule, makespan
 
 
 def no_idler_than(base, weight_transfers: bool, judge, figures: dict):
@@ -322,19 +339,17 @@ def no_idler_than(base, weight_transfers: bool, judge, figures: dict):
     is refused). ``figures`` keeps each entry's time and steady bubble once computed (id -> [entry, time,
     bubble]; the entry kept so its id is not reused), for the tests of one search."""
 
-    def measured(entry, name: str) -> float:
+    def bubble(entry) -> float:
         known = figures.setdefault(id(entry), [entry, None, None])
-        index = 1 if name == "time" else 2
-        if known[index] is None:
+        if known[2] is None:
             schedule = add_weight_transfers(entry[3]) if weight_transfers else entry[3]
-            known[index] = judge(schedule, entry[4]) if name == "time" else \
-                steady_state(schedule, entry[4], **STEADY_CHECK).steady_bubble
-        return known[index]
+            known[2] = steady_state(schedule, entry[4], **STEADY_CHECK).steady_bubble
+        return known[2]
 
     def accepts(entry) -> bool:
-        if measured(entry, "time") >= measured(base, "time") - 1e-9:
+        if judged(entry, weight_transfers, judge, figures) >= judged(base, weight_transfers, judge, figures) - 1e-9:
             return False
-        return measured(entry, "bubble") <= measured(base, "bubble") + 1e-9
+        return bubble(entry) <= bubble(base) + 1e-9
 
     return accepts
 
@@ -362,12 +377,23 @@ STEADY_CHECK = {"rotate": True, "iterations": 2}
 iterations (about a fifth of the time of every shift over four, at 95 layers and 32 micro-batches)."""
 
 
-def _fastest(entries: list, weight_transfers: bool, judge) -> tuple:
+def judged(entry, weight_transfers: bool, judge, figures: dict) -> float:
+    """``entry``'s time by ``judge`` (``OBJECTIVES``), weight transfers inserted, simulated once per search:
+    ``figures`` keeps it (id -> [entry, time, steady bubble]; the entry kept so its id is not reused), as
+    the grown branch's finalists and the main branch's are judged twice (``first`` and ``winner``)."""
+    known = figures.setdefault(id(entry), [entry, None, None])
+    if known[1] is None:
+        known[1] = judge(add_weight_transfers(entry[3]) if weight_transfers else entry[3], entry[4])
+    return known[1]
+
+
+def _fastest(entries: list, weight_transfers: bool, judge, figures: dict) -> tuple:
     """(entry, schedule, time) of the entry the simulator runs fastest by ``judge`` (``OBJECTIVES``), weight
-    transfers inserted (the first on a tie, so the result is deterministic)."""
-    schedules = [add_weight_transfers(e[3]) if weight_transfers else e[3] for e in entries]
-    time, index = min((judge(s, e[4]), i) for i, (s, e) in enumerate(zip(schedules, entries, strict=True)))
-    return entries[index], schedules[index], time
+    transfers inserted (the first on a tie, so the result is deterministic); times kept in ``figures``
+    (``judged``)."""
+    time, index = min((judged(e, weight_transfers, judge, figures), i) for i, e in enumerate(entries))
+    winner = entries[index]
+    return winner, add_weight_transfers(winner[3]) if weight_transfers else winner[3], time
 
 
 OBJECTIVES = {
@@ -503,11 +529,12 @@ def widest_drain(split_job: tuple, num_devices: int) -> list[tuple[tuple, ...]]:
     half the devices end a part of a job early); dealt over every device, each ends with a share of it
     (one upload of its weights each). The devices then free at once, which may idle the next iteration's
     fill back to back, so these plans pass ``no_idler_than`` as the fill's do. None when ``TAIL_SPLITS``
-    is empty (no drain split)."""
+    is empty (no drain split) or ``split_job`` deals its drain over every device already (on 4 devices,
+    ``TAIL_SPLITS``' (8, 4) does: the widest drain on top of it would dispatch the same plan again)."""
     own = split_specs(split_job)
     widest = ("tail", 1, num_devices)
-    if widest in own or not TAIL_SPLITS:  # no drain split at all when ``TAIL_SPLITS`` is empty
-        return []
+    if not TAIL_SPLITS or any(spec[0] == "tail" and spec[2] >= num_devices for spec in own):
+        return []  # no drain split at all, or its last job already over every device (the same plan again)
     found = [(*own, widest)]
     if not any(spec[0] == "tail" for spec in own):
         k, count = max(TAIL_SPLITS, key=lambda entry: entry[0])
