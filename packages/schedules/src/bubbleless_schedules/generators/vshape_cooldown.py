@@ -25,6 +25,7 @@ from __future__ import annotations
 from ..action import Kind
 from ..costs import Costs
 from .vshape_greedy import GreedyResult, Policy, v_list_schedule
+from .vshape_resume import fixed_timing, follows_scripts_exactly, state_at_cut
 
 COOL_DOWN = Policy(order=("F1", "F0", "I", "W"), fill_w=False, reserve=False)
 COOL_DOWN_ADMITTING = Policy(order=("F0", "F1", "I", "W"), fill_w=False, reserve=False)
@@ -56,13 +57,17 @@ def recooled(
     policy: Policy = COOL_DOWN,
 ) -> list[GreedyResult]:
     """``base`` with its cool-down re-scheduled from each of ``depths`` (``COOL_DOWN``): the tries that
-    finish within ``cap_chunks``."""
-    found = []
+    finish within ``cap_chunks``. Each try goes on from the state its script reaches before any rank runs
+    out of it (``vshape_resume``) instead of from time 0: same result, a fraction of the steps."""
+    found, times = [], None
+    if follows_scripts_exactly(policy):
+        times = fixed_timing(p, m, costs, base, input_grad_frees)
     for depth in depths:
         if not 1 <= depth <= m:
             continue
         scripts = scripts_before_last(p, m, base.actions, depth)
-        result = v_list_schedule(p, m, costs, cap_chunks, policy, input_grad_frees, scripts)
+        state = None if times is None else state_at_cut(p, m, costs, base.actions, times, scripts, input_grad_frees)
+        result = v_list_schedule(p, m, costs, cap_chunks, policy, input_grad_frees, scripts, resume=state)
         if result is not None and result.peak_chunks <= cap_chunks + 1e-9:
             found.append(result)
     return found

@@ -21,10 +21,12 @@ from .vshape_greedy import GreedyResult, action_table
 
 
 def time_fixed_order(
-    p: int, m: int, costs: Costs, scripts: Sequence[Sequence[str]], input_grad_frees: float = 0.0
+    p: int, m: int, costs: Costs, scripts: Sequence[Sequence[str]], input_grad_frees: float = 0.0,
+    times: list[list[tuple[float, float]]] | None = None,
 ) -> GreedyResult | None:
     """``scripts`` run as is on ``p`` V-placed ranks, timed (``v_list_schedule``'s result for the same
-    scripts under ``vshape_candidates._FIXED_ORDER``); None if they deadlock or leave passes out."""
+    scripts under ``vshape_candidates._FIXED_ORDER``); None if they deadlock or leave passes out.
+    ``times`` (one empty list per rank): filled with each action's (start, end), for ``vshape_resume``."""
     n, last = 2 * p, 2 * p - 1
     f_cost = [costs.of(Kind.F, s, 2) for s in range(n)]
     i_cost = [costs.of(Kind.I, s, 2) for s in range(n)]
@@ -122,6 +124,8 @@ def time_fixed_order(
                 row.append(act_i[s][k])
             if i == 0:
                 first_start[r] = start
+            if times is not None:
+                times[r].append((start, t_free))
             i += 1
         free[r], at[r], held[r], peak[r] = t_free, i, held_r, peak_r
         if i > begun:
@@ -132,4 +136,4 @@ def time_fixed_order(
     if any(at[r] < len(scripts[r]) for r in range(p)) or any(x < m for x in next_i):
         return None
     span_sum = sum(free[r] - first_start[r] for r in range(p) if first_start[r] >= 0)
-    return GreedyResult(tuple(tuple(row) for row in out), max(free), span_sum, max(peak), tuple(f_done[0]))
+    return GreedyResult(tuple(tuple(row) for row in out), max(free), span_sum, max(peak), tuple(f_done[0]), times)

@@ -17,13 +17,13 @@ needs no memory. So it always finishes, and by induction every micro-batch does.
 from __future__ import annotations
 
 import heapq
-from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from ..action import Action, Kind
 from ..costs import Costs
+from .vshape_state import ListState
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,6 +70,9 @@ class GreedyResult:
     admitted: tuple[float, ...] = ()
     """End of each micro-batch's first forward (stage 0), in micro-batch order: the steady state's pace
     (``vshape_ranked`` reads a short run's period off it to rank candidates for large shapes)."""
+    times: list | None = field(default=None, compare=False, repr=False)
+    """Each action's (start, end) as a fixed order runs, where the timer recorded them (``vshape_fixed``): the
+    cool-down resumes from them (``vshape_resume``) instead of timing the order again."""
 
 
 def _stage_rank(stage: int, p: int) -> int:
@@ -99,6 +102,7 @@ def v_list_schedule(
     policy: Policy,
     input_grad_frees: float = 0.0,
     scripts: Sequence[Sequence[str]] | None = None,
+    resume: ListState | None = None,
 ) -> GreedyResult | None:
     """Schedule ``m`` micro-batches on ``p`` V-placed ranks, holding at most ``cap_chunks`` chunk
     activations (one chunk = 1/2 M_B) per rank. Raises ValueError if the cap is below 2 chunks.
@@ -108,7 +112,10 @@ def v_list_schedule(
     ``W1`` the oldest pending of that chunk, as a building block names it); a rank
     waits for its next token (running a pending W meanwhile, if it has one), and follows ``policy``
     once its script is done. A script must respect
-    the memory cap itself. Returns None if the scripts lead to a deadlock."""
+    the memory cap itself. Returns None if the scripts lead to a deadlock.
+
+    ``resume``: the run's state at some time, the same scripts' remaining tokens in it (``vshape_resume``);
+    the run goes on from there instead of from time 0."""
     if cap_chunks < 2 - 1e-9:
         raise ValueError(
             f"a V schedule needs room for both chunks of one micro-batch (memory_limit >= 1 M_B); got "
@@ -119,24 +126,13 @@ def v_list_schedule(
     i_cost = [costs.of(Kind.I, s, 2) for s in range(n)]
     w_cost = [costs.of(Kind.W, s, 2) for s in range(n)]
     comm = float(costs.comm)
-    f_done = [[-1.0] * m for _ in range(n)]
-    g_done = [[-1.0] * m for _ in range(n)]
-    next_f = [0] * n
-    next_i = [0] * n
-    held = [0.0] * p
-    peak = [0.0] * p
-    admitted_not_up = [0] * p  # micro-batches past the first chunk's F, not yet past the second's
-    pending_w: list[deque] = [deque() for _ in range(p)]
-    pending_of = [[0, 0] for _ in range(p)]  # pending W's per chunk (0: first, 1: second), for W0 / W1
-    free_at = [0.0] * p
-    first_start = [-1.0] * p
-    out: list[list[Action]] = [[] for _ in range(p)]
-    remaining = 3 * n * m
-    events = [(0.0, r) for r in range(p)]
-    heapq.heapify(events)
+    state = ListState.start(p, m, scripts) if resume is None else resume
+    f_done, g_done, next_f, next_i = state.f_done, state.g_done, state.next_f, state.next_i
+    held, peak, admitted_not_up = state.held, state.peak, state.admitted_not_up
+    pending_w, pending_of, free_at, first_start = state.pending_w, state.pending_of, state.free_at, state.first_start
+    out, remaining, events, scripts = state.out, state.remaining, state.events, state.scripts
     eps = 1e-12
     inf = float("inf")
-    scripts = [deque(s) for s in scripts] if scripts is not None else [deque() for _ in range(p)]
     g = input_grad_frees
 
     last = n - 1
@@ -169,7 +165,7 @@ def v_list_schedule(
     # stage s when stage s-1's output for that micro-batch has arrived; the input-gradient backward when
     # its own forward is done and stage s+1's gradient has arrived (an event's time is its end plus the
     # edge's comm). A rank r always acts for its own stages, r (first chunk) and 2p-1-r (second chunk).
-    makespan = 0.0
+    makespan = state.makespan
     while remaining:
         if not events:
             if any(scripts) or not reserve_one:

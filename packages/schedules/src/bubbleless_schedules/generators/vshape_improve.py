@@ -6,7 +6,7 @@ helpers every step shares, timing fixed rows and ranking two results.
 
 from __future__ import annotations
 
-from itertools import islice
+from itertools import groupby, islice
 
 from ..action import Kind
 from ..costs import Costs
@@ -17,10 +17,25 @@ from .local_search import adjacent_swaps, independent, schedule_evaluator, sched
 from .vshape_candidates import _MIN_TRIES_UP_TO, _fitting_pcm_blocks, _tokens_of_block
 from .vshape_cooldown import COOL_DOWN, COOL_DOWN_ADMITTING, DEPTHS, recooled
 from .vshape_exact import exact_slot_orders
+from .vshape_fixed import time_fixed_order
 from .vshape_greedy import GreedyResult, Policy, v_list_schedule
+from .vshape_resume import tokens_of_rows
 
 
 def _fixed_result(p: int, m: int, rows, costs: Costs, input_grad_frees: float) -> GreedyResult:
+    """``rows`` (fixed V orders) timed: by ``vshape_fixed.time_fixed_order`` (a third of a simulation, no
+    timeline built) when its order is ``rows`` itself, which holds whenever each chunk's W's follow its I's
+    in order (tokens ``W0`` / ``W1`` run the oldest pending); else by the simulator. Same figures either way
+    (tests/test_sched_v_fixed_timing.py compares them)."""
+    times: list[list[tuple[float, float]]] = [[] for _ in range(p)]  # kept for the cool-down (vshape_resume)
+    timed = time_fixed_order(p, m, costs, tokens_of_rows(p, rows), input_grad_frees, times=times)
+    if timed is not None and timed.actions == tuple(map(tuple, rows)):
+        peak = 2 * round(timed.peak_chunks / 2, 9)
+        return GreedyResult(timed.actions, timed.makespan, timed.span_sum, peak, times=times)
+    return _simulated_result(p, m, rows, costs, input_grad_frees)
+
+
+def _simulated_result(p: int, m: int, rows, costs: Costs, input_grad_frees: float) -> GreedyResult:
     schedule = Schedule(rows, num_stages=2 * p, num_microbatches=m, stage_to_rank=v_placement(p))
     timeline = simulate(schedule, costs, input_grad_frees=input_grad_frees)
     spans = sum(timeline.span_of(r) for r in range(p))
@@ -84,8 +99,10 @@ def _cool_down(p: int, m: int, costs: Costs, cap_chunks: float, input_grad_frees
             continue
         seen.append(base)
         plan += [(base, policy, depth) for policy in (COOL_DOWN, COOL_DOWN_ADMITTING) for depth in DEPTHS]
-    for base, policy, depth in plan[:tries]:
-        for result in recooled(p, m, costs, cap_chunks, input_grad_frees, base, (depth,), policy):
+    for (_, policy), group in groupby(plan[:tries], key=lambda item: (id(item[0]), item[1])):
+        group = list(group)  # one base, one policy: recooled times the base once for all its depths
+        depths = [depth for _, _, depth in group]
+        for result in recooled(p, m, costs, cap_chunks, input_grad_frees, group[0][0], depths, policy):
             if _better(result, best):
                 best = result
     return best

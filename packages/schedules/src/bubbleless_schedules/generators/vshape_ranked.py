@@ -86,8 +86,9 @@ def _ranked_search(p: int, m: int, costs: Costs, cap_chunks: float, input_grad_f
     fitting block, reordered; bench/results/large_shapes.md)."""
     short = max(2 * p, 4)  # at least 4: the pace needs two admissions in the second half
 
-    def as_is(n: int, scripts) -> GreedyResult | None:
-        return time_fixed_order(p, n, costs, scripts, input_grad_frees)
+    def as_is(n: int, scripts) -> GreedyResult | None:  # the full run keeps its times for the cool-down
+        times = [[] for _ in range(p)] if n == m else None
+        return time_fixed_order(p, n, costs, scripts, input_grad_frees, times=times)
 
     def reordered(policy: Policy):
         return lambda n, scripts: v_list_schedule(p, n, costs, cap_chunks, policy, input_grad_frees, scripts)
