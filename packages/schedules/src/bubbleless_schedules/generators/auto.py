@@ -19,13 +19,18 @@ two-rank probe has shown it stage-bound, so a round-robin pool is never built ju
 (``auto.median_checked``): each candidate already had it, so the median-steered ``auto`` could only pick one
 of the schedules already compared under the true costs. Candidates skip the validator (simulating them
 raises on a deadlock or a missing action) and are timed without building their timelines
-(``simulated_makespan``); the registry validates the winner.
+(``simulated_makespan``), or not at all when their generator already timed the very order it returned
+(``fn.makespan_of``: the V family's search, cached); the registry validates the winner. A generator that
+publishes no placement (interleaved 1F1B) is built, then bounded by its schedule and put back in line, so at
+p=32, m=256 on the paper's profile under limit 64 it is not simulated either.
 """
 
 from __future__ import annotations
 
+import heapq
 from functools import cache
 
+from ..action import Kind
 from ..costs import Costs
 from ..registry import available, generate, generator, register
 from ..schedule import Schedule
@@ -38,35 +43,67 @@ SELF = "auto"
 def stage_bound_candidates(
     *, num_ranks: int, num_microbatches: int, costs: Costs, memory_limit: float | None, input_grad_frees: float
 ) -> list[tuple[float, float, Schedule]]:
-    """(makespan, peak memory, schedule) of the registered stage-bound schedules that fit, lowest bound first.
+    """(makespan, peak memory, schedule) of the registered stage-bound schedules that fit.
 
-    A generator whose lower bound (``bounds.placement_bound``, or a memory bound it publishes) is above the
-    best makespan found so far is skipped, and so is one whose bound equals it unless its declared peak is
-    below the best's (it could at most tie, and ties go to the lower peak). The list is in the order tried (bound, then registry order)."""
+    Tried lowest bound first; a generator whose lower bound (``bounds.placement_bound``, or a memory bound it
+    publishes) is above the best makespan found so far is skipped, and so is one whose bound equals it unless
+    its declared peak is below the best's (it could at most tie, and ties go to the lower peak). One that
+    publishes no placement is built at its turn and goes back in line under the bound of the schedule it
+    built (``_built_bound``): interleaved 1F1B, whose chunks are an option, is then skipped once ZB-V is in hand
+    at p=32, m=256 on the paper's profile instead of simulated. The list is in registry order among equal bounds
+    and lowest bound (unpublished placements first) otherwise, the order ties are decided in, as before such
+    schedules went back in line."""
     names = [name for name in available() if name != SELF and _stage_bound(name)]
     bounds = {name: _bound(name, num_ranks, num_microbatches, costs, memory_limit, input_grad_frees) for name in names}
-    found, best = [], float("inf")
     cap = float("inf") if memory_limit is None else memory_limit
     frugal = {name: min(cap, _peak_hint(name, num_ranks, num_microbatches)) for name in names}
-    best_peak = float("inf")
-    for name in sorted(names, key=lambda n: (bounds[n], frugal[n], names.index(n))):
-        if bounds[name] > best + 1e-9 or (bounds[name] >= best - 1e-9 and frugal[name] >= best_peak - 1e-9):
+    line = [(bounds[n], frugal[n], names.index(n), n, None) for n in names]  # None: not built yet
+    heapq.heapify(line)
+    found, best, best_peak = [], float("inf"), float("inf")
+    while line:
+        bound, _, position, name, schedule = heapq.heappop(line)
+        if schedule is not None and bound > best + 1e-6:
+            continue  # back in line with its own schedule's bound: it could not be faster (nor tie)
+        if schedule is None and (bound > best + 1e-9 or (bound >= best - 1e-9 and frugal[name] >= best_peak - 1e-9)):
             continue  # it could not be faster, nor tie with less memory (ties go to the lower peak)
         try:
-            schedule = generate(
-                name, num_ranks=num_ranks, num_microbatches=num_microbatches, costs=costs,
-                memory_limit=memory_limit, input_grad_frees=input_grad_frees, validated=False,
-            )
-            if schedule.stage_to_rank is None:
-                continue
-            makespan = simulated_makespan(schedule, costs)
+            if schedule is None:
+                schedule = generate(
+                    name, num_ranks=num_ranks, num_microbatches=num_microbatches, costs=costs,
+                    memory_limit=memory_limit, input_grad_frees=input_grad_frees, validated=False,
+                )
+                if schedule.stage_to_rank is None:
+                    continue
+                if getattr(generator(name), "placement_of", None) is None:
+                    heapq.heappush(line, (_built_bound(schedule, costs), frugal[name], position, name, schedule))
+                    continue
+            makespan = _makespan(name, schedule, costs, memory_limit, input_grad_frees)
         except ValueError:  # this shape, limit or per-stage cost list is not one it supports
             continue
         peak = max(peak_memory(schedule, input_grad_frees), default=0.0)
-        found.append((makespan, peak, schedule))
+        found.append((position, (makespan, peak, schedule)))
         if (round(makespan, 9), peak) < (round(best, 9), best_peak):
             best, best_peak = makespan, peak
-    return found
+    first_in_line = sorted(names, key=lambda n: (bounds[n], frugal[n], names.index(n)))
+    return [entry for _, entry in sorted(found, key=lambda item: first_in_line.index(names[item[0]]))]
+
+
+def _built_bound(schedule: Schedule, costs: Costs) -> float:
+    """The placement bound of a built schedule (``bounds.placement_bound``), with the B chain below each rank
+    when it runs forwards and fused backwards only."""
+    fused = all(action.kind in (Kind.F, Kind.B) for row in schedule.actions for action in row)
+    return placement_bound(schedule.stage_to_rank, schedule.num_microbatches, costs, fused_backward=fused)
+
+
+def _makespan(name: str, schedule: Schedule, costs: Costs, memory_limit: float | None, input_grad_frees: float):
+    """The simulated makespan of ``schedule``: the one its generator already timed when it publishes it
+    (``fn.makespan_of``, the V family's cached search) for this very order, else simulated."""
+    makespan_of = getattr(generator(name), "makespan_of", None)
+    if makespan_of is not None:
+        known = makespan_of(schedule, costs, memory_limit, input_grad_frees)
+        if known is not None:
+            return known
+    return simulated_makespan(schedule, costs)
 
 
 def _peak_hint(name: str, num_ranks: int, num_microbatches: int) -> float:

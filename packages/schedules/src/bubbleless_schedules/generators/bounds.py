@@ -7,7 +7,8 @@ no earlier than ``head_r + work_r``, and the makespan is at least the largest of
 a generator whose bound is not below the best makespan it already has (it could at most tie).
 
 A generator publishes its placement as ``fn.placement_of = <num_ranks -> stage_to_rank>``; one whose
-placement depends on options (interleaved 1F1B's chunks) does not, and is never pruned. It may also
+placement depends on options (interleaved 1F1B's chunks) does not, and ``auto`` bounds the schedule it built
+instead (with the fused backward's chain, ``fused_backward``) before simulating it. It may also
 publish ``fn.peak_of = <(num_ranks, num_microbatches) -> the most M_B it uses without a limit>``: among
 equal bounds ``auto`` tries the most frugal first, so a tie it then skips could not have had less memory.
 A generator with a memory cap may publish ``fn.memory_bound_of = <(num_ranks, num_microbatches, costs,
@@ -22,9 +23,15 @@ from ..action import Kind
 from ..costs import Costs
 
 
-def placement_bound(stage_to_rank: tuple[int, ...], num_microbatches: int, costs: Costs) -> float:
+def placement_bound(
+    stage_to_rank: tuple[int, ...], num_microbatches: int, costs: Costs, fused_backward: bool = False
+) -> float:
     """max over ranks of (earliest first forward + the rank's compute); 0.0 when ``costs`` give per-stage
-    values for another stage count (the generator refuses such costs itself)."""
+    values for another stage count (the generator refuses such costs itself).
+
+    ``fused_backward``: the schedule runs only F and B (no split I / W). A rank's last action is then a B (each
+    of its forwards has its B on the same rank, later), and that micro-batch's B's of every stage below follow
+    it one after another; so the rank's bound grows by the shortest such chain below one of its stages."""
     stages = len(stage_to_rank)
     given = costs.num_stages_given()
     if given is not None and given != stages:
@@ -40,7 +47,14 @@ def placement_bound(stage_to_rank: tuple[int, ...], num_microbatches: int, costs
     for s, r in enumerate(stage_to_rank):
         start[r] = min(start[r], head[s])
         work[r] += num_microbatches * (costs.of(Kind.F, s, per_rank) + costs.of(Kind.B, s, per_rank))
-    return max(start[r] + work[r] for r in range(ranks))
+    tail = [0.0] * ranks
+    if fused_backward:
+        below = [0.0] * stages  # the B chain from stage s-1 down to stage 0, with comm at each change of rank
+        for s in range(1, stages):
+            hop = costs.comm if stage_to_rank[s] != stage_to_rank[s - 1] else 0.0
+            below[s] = below[s - 1] + costs.of(Kind.B, s - 1, per_rank) + hop
+        tail = [min(below[s] for s, owner in enumerate(stage_to_rank) if owner == r) for r in range(ranks)]
+    return max(start[r] + work[r] + tail[r] for r in range(ranks))
 
 
 def v_memory_bound(num_ranks: int, num_microbatches: int, costs: Costs, cap_chunks: float) -> float:

@@ -244,11 +244,7 @@ the budget allows only two to four tries and the published order beats the scrip
 
 
 def _v_generator(name: str, cap_m_b, **_):
-    def generate(*, num_ranks: int, num_microbatches: int, costs: Costs, memory_limit: float | None, **options):
-        p, m = num_ranks, num_microbatches
-        input_grad_frees = float(options.pop("input_grad_frees", 0.0))
-        if options:
-            raise ValueError(f"{name} takes no options {sorted(options)}; it accepts input_grad_frees only")
+    def cap_chunks(p: int, memory_limit: float | None) -> float:
         cap = float(cap_m_b(p))
         if memory_limit is not None:
             cap = min(cap, float(memory_limit))
@@ -257,14 +253,32 @@ def _v_generator(name: str, cap_m_b, **_):
                 f"{name} needs memory_limit >= 1 M_B (both chunks of one micro-batch live on the bottom rank "
                 f"at once); got {memory_limit:g}"
             )
-        best = search_v_schedule(p, m, costs, 2.0 * cap, input_grad_frees)
+        return 2.0 * cap
+
+    def generate(*, num_ranks: int, num_microbatches: int, costs: Costs, memory_limit: float | None, **options):
+        p, m = num_ranks, num_microbatches
+        input_grad_frees = float(options.pop("input_grad_frees", 0.0))
+        if options:
+            raise ValueError(f"{name} takes no options {sorted(options)}; it accepts input_grad_frees only")
+        best = search_v_schedule(p, m, costs, cap_chunks(p, memory_limit), input_grad_frees)
         return Schedule(best.actions, num_stages=2 * p, num_microbatches=m, stage_to_rank=v_placement(p), name=name)
+
+    def makespan_of(schedule: Schedule, costs: Costs, memory_limit: float | None, input_grad_frees: float = 0.0):
+        """The search's makespan when ``schedule`` is its result for these arguments (the search is cached, so
+        ``auto`` need not simulate it again), else None; per-stage costs: None (the registry may have kept
+        the order its median steered)."""
+        if costs.heterogeneous or schedule.num_stages % 2:
+            return None
+        p, m = schedule.num_stages // 2, schedule.num_microbatches
+        best = search_v_schedule(p, m, costs, cap_chunks(p, memory_limit), float(input_grad_frees))
+        return best.makespan if best.actions == schedule.actions else None
 
     generate.__name__ = name.replace("-", "_")
     generate.placement_of = v_placement  # for auto's bound and order (generators/bounds.py)
     generate.peak_of = lambda p, m: cap_m_b(p)
     generate.memory_bound_of = lambda p, m, costs, memory_limit: v_memory_bound(  # auto's pruning (bounds.py)
         p, m, costs, 2.0 * min(float(cap_m_b(p)), math.inf if memory_limit is None else float(memory_limit)))
+    generate.makespan_of = makespan_of  # auto's timing of a candidate (auto._makespan)
     generate.__doc__ = f"{name}: V placement, peak at most {cap_m_b.__doc__} M_B (and memory_limit)."
     return generate
 
