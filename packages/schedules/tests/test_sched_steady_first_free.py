@@ -6,8 +6,8 @@ shift; the default keeps the shorter period of both, and stage-bound schedules k
 import pytest
 
 from bubbleless_schedules import Costs, generate, simulate
-from bubbleless_schedules.generators.roundrobin_cut import job_costs
 from bubbleless_schedules.generators import roundrobin_search
+from bubbleless_schedules.generators.roundrobin_cut import job_costs
 from bubbleless_schedules.roundrobin_layout import PoolGroups, pool_groups
 from bubbleless_schedules.simulate_steady import _Run, first_free_placements, steady_state
 
