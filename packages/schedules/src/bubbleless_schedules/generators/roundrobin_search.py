@@ -334,15 +334,15 @@ def timed_search(layer_costs: Costs, *, num_devices: int, num_microbatches: int,
         spent = first_spent
         if budget - spent >= LEFTOVER_SEARCH:  # B finished early: a whole I/W search in what is left
             try:
-                searched = timed_search(layer_costs, num_devices=num_devices, num_microbatches=num_microbatches,
-                                        memory_limit=memory_limit, pinned=pinned, ahead=ahead,
-                                        weight_transfers=weight_transfers, split_backward=True,
-                                        weight_limit=weight_cap, budget=budget - spent, objective=objective,
-                                        plans=plans)
+                split_found = timed_search(layer_costs, num_devices=num_devices, num_microbatches=num_microbatches,
+                                           memory_limit=memory_limit, pinned=pinned, ahead=ahead,
+                                           weight_transfers=weight_transfers, split_backward=True,
+                                           weight_limit=weight_cap, budget=budget - spent, objective=objective,
+                                           plans=plans)
             except ValueError:  # no cut within the limits under I/W
                 return schedule, makespan
-            if searched[1] < makespan - 1e-9:
-                return searched
+            if split_found[1] < makespan - 1e-9:
+                return split_found
     return schedule, makespan
 
 
