@@ -88,7 +88,7 @@ def dispatched(groups: PoolGroups, layer_costs: Costs, *, num_devices: int, num_
                                    parts=parts, assignment=assignment)
     schedule = Schedule(rows, num_stages=groups.num_stages, num_microbatches=num_microbatches, stage_to_rank=None,
                         name="roundrobin", layout="roundrobin", meta=groups.meta())
-    return (add_weight_transfers(schedule) if weight_transfers else schedule), costs, makespan
+    return _with_transfers(schedule, weight_transfers), costs, makespan
 
 
 def least_peak(groups: PoolGroups, num_devices: int) -> float:
@@ -355,10 +355,9 @@ def no_idler_than(base, weight_transfers: bool, judge, figures: dict):
     bubble]; the entry kept so its id is not reused), for the tests of one search."""
 
     def bubble(entry) -> float:
-        known = figures.setdefault(id(entry), [entry, None, None])
+        known = _figures_of(entry, figures)
         if known[2] is None:
-            schedule = add_weight_transfers(entry[3]) if weight_transfers else entry[3]
-            known[2] = steady_state(schedule, entry[4], **STEADY_CHECK).steady_bubble
+            known[2] = steady_state(_with_transfers(entry[3], weight_transfers), entry[4], **STEADY_CHECK).steady_bubble
         return known[2]
 
     def accepts(entry) -> bool:
@@ -396,10 +395,20 @@ def judged(entry, weight_transfers: bool, judge, figures: dict) -> float:
     """``entry``'s time by ``judge`` (``OBJECTIVES``), weight transfers inserted, simulated once per search:
     ``figures`` keeps it (id -> [entry, time, steady bubble]; the entry kept so its id is not reused), as
     the grown branch's finalists and the main branch's are judged twice (``first`` and ``winner``)."""
-    known = figures.setdefault(id(entry), [entry, None, None])
+    known = _figures_of(entry, figures)
     if known[1] is None:
-        known[1] = judge(add_weight_transfers(entry[3]) if weight_transfers else entry[3], entry[4])
+        known[1] = judge(_with_transfers(entry[3], weight_transfers), entry[4])
     return known[1]
+
+
+def _figures_of(entry, figures: dict) -> list:
+    """``entry``'s record in ``figures`` ([entry, time, steady bubble], None until computed), made on first use."""
+    return figures.setdefault(id(entry), [entry, None, None])
+
+
+def _with_transfers(schedule: Schedule, weight_transfers: bool) -> Schedule:
+    """``schedule`` with LOAD/STORE inserted (``lowering.add_weight_transfers``) when ``weight_transfers``."""
+    return add_weight_transfers(schedule) if weight_transfers else schedule
 
 
 def _fastest(entries: list, weight_transfers: bool, judge, figures: dict) -> tuple:
@@ -408,7 +417,7 @@ def _fastest(entries: list, weight_transfers: bool, judge, figures: dict) -> tup
     (``judged``)."""
     time, index = min((judged(e, weight_transfers, judge, figures), i) for i, e in enumerate(entries))
     winner = entries[index]
-    return winner, add_weight_transfers(winner[3]) if weight_transfers else winner[3], time
+    return winner, _with_transfers(winner[3], weight_transfers), time
 
 
 OBJECTIVES = {
