@@ -38,7 +38,8 @@ waits for its LOAD. Without it (the shared simulator's rule) a LOAD occupies the
 only hides it in waits for input.
 
 The steady-state bubble is ``1 - work / (devices x period)``, the period being the mean distance
-between consecutive iterations' ends. What it leaves out: the optimizer's own time and an iteration
+between consecutive iterations' ends after the fill, over an even number of them (``_period_span``:
+iterations may end in pairs with two in flight). What it leaves out: the optimizer's own time and an iteration
 that would need weights updated two iterations back before they are (both far off the critical path
 when an iteration takes many jobs per device).
 """
@@ -64,7 +65,7 @@ class SteadyState:
     bubble: float
     """One iteration alone: idle share of makespan x devices."""
     period: float
-    """Mean time between consecutive iterations' ends, back to back."""
+    """Mean time between consecutive iterations' ends, back to back, after the fill (``_period_span``)."""
     steady_bubble: float
     """Idle share of period x devices."""
     shift: int | None
@@ -167,7 +168,21 @@ def _shifted(devices: int, iterations: int, shift: int) -> list[tuple[int, ...]]
 
 
 def _period(ends: list[float]) -> float:
-    return (ends[-1] - ends[0]) / (len(ends) - 1)
+    """Mean distance between iteration ends over the last ``_period_span`` of them."""
+    span = _period_span(len(ends))
+    return (ends[-1] - ends[-1 - span]) / span
+
+
+def _period_span(iterations: int) -> int:
+    """How many iteration ends back ``_period`` measures from the last: an even count, from iteration 1 on
+    (4 or more iterations; all of them with fewer). With two iterations in flight a plan may end them in
+    pairs, and an odd span then counts half a pair too few: one job per device on 2 devices, 4 iterations,
+    ends at 705, 705, 1410, 1410 gave (1410 - 705) / 3 = 235, a third of the one-iteration time, where two
+    devices end two iterations per 705 (period 352.5). Iteration 0's end is not an anchor either: it is
+    the fill, iteration 1 having run on the devices it left free alone."""
+    if iterations < 4:
+        return iterations - 1
+    return 2 * ((iterations - 2) // 2)
 
 
 @dataclass(frozen=True)
