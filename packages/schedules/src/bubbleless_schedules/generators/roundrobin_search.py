@@ -149,7 +149,7 @@ def timed_search(layer_costs: Costs, *, num_devices: int, num_microbatches: int,
     branches = [ranked]  # the split search's, and one per further grown source (``grown_sources``)
     searched = bool(split_backward)  # None: search with B, then try I/W on the winner (at the end)
     weight_cap = weight_limit  # layers of weights a device may hold at once (``held_weights``)
-    figures = {}  # id -> [entry, simulated time, steady bubble] (``judged``, ``no_idler_than``)
+    figures = {}  # id -> [entry, simulated time, steady bubble, lowered] (``_figures_of``)
     plans = {} if plans is None else plans  # (cut, look-ahead, next_ahead, job parts, I/W) -> ``dispatched``
 
     def build(order: int, look: int, next_ahead: int, split_job: tuple | None, split: bool) -> tuple | None:
@@ -351,13 +351,13 @@ def no_idler_than(base, weight_transfers: bool, judge, figures: dict):
     transfers inserted) and idles no more than it back to back (``STEADY_CHECK``). A fill or drain dealt
     over more devices ends one iteration sooner, but the devices then start or free at once, where the
     next iteration's fill needs them a forward job apart (so its steady-state bubble may grow; such a plan
-    is refused). ``figures`` keeps each entry's time and steady bubble once computed (id -> [entry, time,
-    bubble]; the entry kept so its id is not reused), for the tests of one search."""
+    is refused). ``figures`` keeps each entry's time and steady bubble once computed (``_figures_of``; the
+    entry kept so its id is not reused), for the tests of one search."""
 
     def bubble(entry) -> float:
         known = _figures_of(entry, figures)
         if known[2] is None:
-            known[2] = steady_state(_with_transfers(entry[3], weight_transfers), entry[4], **STEADY_CHECK).steady_bubble
+            known[2] = steady_state(_lowered(entry, weight_transfers, figures), entry[4], **STEADY_CHECK).steady_bubble
         return known[2]
 
     def accepts(entry) -> bool:
@@ -393,17 +393,28 @@ iterations (about a fifth of the time of every shift over four, at 95 layers and
 
 def judged(entry, weight_transfers: bool, judge, figures: dict) -> float:
     """``entry``'s time by ``judge`` (``OBJECTIVES``), weight transfers inserted, simulated once per search:
-    ``figures`` keeps it (id -> [entry, time, steady bubble]; the entry kept so its id is not reused), as
+    ``figures`` keeps it (``_figures_of``; the entry kept so its id is not reused), as
     the grown branch's finalists and the main branch's are judged twice (``first`` and ``winner``)."""
     known = _figures_of(entry, figures)
     if known[1] is None:
-        known[1] = judge(_with_transfers(entry[3], weight_transfers), entry[4])
+        known[1] = judge(_lowered(entry, weight_transfers, figures), entry[4])
     return known[1]
 
 
 def _figures_of(entry, figures: dict) -> list:
-    """``entry``'s record in ``figures`` ([entry, time, steady bubble], None until computed), made on first use."""
-    return figures.setdefault(id(entry), [entry, None, None])
+    """``entry``'s record in ``figures`` ([entry, time, steady bubble, lowered schedule], None until computed),
+    made on first use."""
+    return figures.setdefault(id(entry), [entry, None, None, None])
+
+
+def _lowered(entry, weight_transfers: bool, figures: dict) -> Schedule:
+    """``entry``'s schedule with LOAD/STORE inserted when ``weight_transfers`` (``_with_transfers``), made once
+    per search and kept in its ``figures`` record: its time, its steady bubble and the winner all need it
+    (one search asks for one ``weight_transfers`` throughout)."""
+    known = _figures_of(entry, figures)
+    if known[3] is None:
+        known[3] = _with_transfers(entry[3], weight_transfers)
+    return known[3]
 
 
 def _with_transfers(schedule: Schedule, weight_transfers: bool) -> Schedule:
@@ -417,7 +428,7 @@ def _fastest(entries: list, weight_transfers: bool, judge, figures: dict) -> tup
     (``judged``)."""
     time, index = min((judged(e, weight_transfers, judge, figures), i) for i, e in enumerate(entries))
     winner = entries[index]
-    return winner, _with_transfers(winner[3], weight_transfers), time
+    return winner, _lowered(winner, weight_transfers, figures), time
 
 
 OBJECTIVES = {
