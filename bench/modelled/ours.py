@@ -29,8 +29,13 @@ GPUs; under the GPU's memory its own plan and, per dispatch, that of the largest
 ``pool_plan_cap.generated_within``), prices each job with ``pool_plan.job_costs`` (LOAD = the group's weights over the host link,
 STORE = its gradients back; a split job pays both on each of its GPUs), and keeps the plan whose
 simulated step (``simulate``: one pool step alone, each LOAD in its device's compute order) is shortest
-among those that fit the GPU. That choice is ``auto_groups``' own and is kept as it is: it does not
-re-rank the plans by their overlapped period below. Assumptions:
+among those that fit the GPU. That choice is ``auto_groups``' own with its default objective (one step's
+makespan): what ``RoundRobinPipeline`` plans for the synchronous optimizer. With the asynchronous one (the
+headline below) the runtime ranks the plans by their overlapped period instead (``objective="period"``,
+``pool_plan.plan_judge``); this model does not follow it yet, so its headline is what the makespan plan
+overlaps to: asked for the period, the five ``bench.check`` points model
+0 to +3.5% tokens/s (none lower), and their planning takes 2-4x longer (about 2 min a point here), which
+the 40-minute ``--table`` run has not been given. Assumptions:
 
 - host link per GPU: the achieved PCIe rate, or the GPUs' share of half the host's DRAM bandwidth if
   that is less (every GPU streams weights at once; the other half is left to the CPU and activations).

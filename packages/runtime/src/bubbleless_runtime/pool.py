@@ -107,7 +107,10 @@ class RoundRobinPipeline:
     ``partition``: see ``pool_plan`` (``"auto"`` needs ``sample_input``, one micro-batch of inputs).
     ``optimizer``: None (fill ``.grad`` of the caller's parameters, as ``Pipeline`` does) or the keyword
     arguments of ``bubbleless_offload.HostOptimizer`` (``{"name": "adamw", "lr": ...}``), plus
-    ``"asynchronous": True`` for the one-step-stale optimizer (module docstring).
+    ``"asynchronous": True`` for the one-step-stale optimizer (module docstring); with it, ``partition="auto"``
+    (or a Profile) plans for the overlapped steps it allows (``steps``, as the Trainer runs them): the
+    candidates are ranked by their steady-state period, not one step's makespan (``pool_plan``'s
+    ``objective``; ``schedule_options={"objective": "makespan"}`` plans for single steps again).
     ``memory_budget``: bytes each device may hold; a plan that cannot fit is refused here, and the
     executor counts every tensor it places at run time (``DeviceOutOfMemory`` from ``step``). None (the
     default): no limit, read from nowhere (not a GPU's free memory either): ``partition="auto"`` plans the
@@ -143,7 +146,8 @@ class RoundRobinPipeline:
         self.profile: Profile | None = None
         self.stage_costs: Costs | None = costs
         self.input_bytes = _copied_input_bytes(sample_input, self.devices)
-        self.schedule = self._plan(schedule, partition, sample_input, costs, dict(schedule_options or {}))
+        self.schedule = self._plan(schedule, partition, sample_input, costs, dict(schedule_options or {}),
+                                   overlapped=_asks_asynchronous(optimizer))
         self.groups: PoolGroups = pool_groups(self.schedule)
         self.partition = self.groups
         pin = any(d.type == "cuda" for d in self.devices) if pin_memory is None else pin_memory
@@ -166,7 +170,7 @@ class RoundRobinPipeline:
         self._last_spans: list | None = None
 
     # -- planning ------------------------------------------------------------------------------------
-    def _plan(self, schedule, partition, sample_input, costs, options) -> Schedule:
+    def _plan(self, schedule, partition, sample_input, costs, options, overlapped: bool = False) -> Schedule:
         num_layers, num_devices = len(self.layers), len(self.devices)
         if isinstance(schedule, Schedule):
             if not any(a.kind in STAGE_KINDS for _, _, a in schedule.all_actions()):
@@ -184,9 +188,12 @@ class RoundRobinPipeline:
             bandwidth = pool_plan.copy_bandwidth_of(self.profile, self.devices[0])
             # auto_groups holds the plan to 2 x cap = the budget, over the walk check_fits makes below
             cap = None if self.memory_budget is None else self.memory_budget / 2
+            if overlapped:  # steps overlap under the asynchronous optimizer: rank plans by their period
+                options = {"objective": "period", **options}  # the caller's own objective wins
             groups, generated, self.stage_costs = pool_plan.auto_groups(
                 self.profile, num_devices=num_devices, num_microbatches=self.num_microbatches, name=schedule,
-                options=options, bandwidth=bandwidth, memory_cap=cap, input_bytes=self.input_bytes)
+                options=options, bandwidth=bandwidth, memory_cap=cap, input_bytes=self.input_bytes,
+                load_stream=any(d.type == "cuda" for d in self.devices))  # a GPU's uploads: on a copy stream
             return pool_plan.check_schedule(generated, num_layers=num_layers, num_devices=num_devices,
                                             num_microbatches=self.num_microbatches)
         if isinstance(partition, Partition):
@@ -352,6 +359,12 @@ class RoundRobinPipeline:
 
     def peak_weight_layers(self) -> tuple[int, ...]:
         return peak_weight_layers(self.schedule)
+
+
+def _asks_asynchronous(options) -> bool:
+    """Whether ``optimizer`` asks for the one-step-stale optimizer (its settings are checked later, by
+    ``_host_optimizer``; planning needs only this)."""
+    return isinstance(options, Mapping) and options.get("asynchronous") is True
 
 
 def _host_optimizer(store: HostStore, options) -> HostOptimizer | AsyncHostOptimizer | None:

@@ -296,10 +296,11 @@ class AskedOnce:
         return answer
 
 
-def generator_asked(layer_costs, num_devices: int, num_microbatches: int) -> AskedOnce:
-    """``generate("roundrobin", layer_costs=...)`` on this pool, each set of options asked once."""
+def generator_asked(layer_costs, num_devices: int, num_microbatches: int,
+                    objective: str = "makespan") -> AskedOnce:
+    """``generate("roundrobin", layer_costs=..., objective=...)`` on this pool, each set of options asked once."""
     return AskedOnce(lambda **options: generate("roundrobin", num_ranks=num_devices, num_microbatches=num_microbatches,
-                                                layer_costs=layer_costs, **options))
+                                                layer_costs=layer_costs, objective=objective, **options))
 
 
 def _plan_or_none(asked: AskedOnce, options: dict) -> Schedule | None:
