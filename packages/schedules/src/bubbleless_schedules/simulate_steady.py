@@ -152,15 +152,42 @@ def first_free_placements(run, devices: int, iterations: int) -> list[tuple[int,
     (ties: the lower row, the lower device). ``run(placements)`` simulates those iterations (``_Run``)."""
     alone = run([tuple(range(devices))])
     rows = sorted(range(devices), key=lambda r: (alone.first_compute[0][r], r))
-    placements = [tuple(range(devices))]
-    while len(placements) < iterations:
-        frees = run(placements).frees[-1]
+
+    def dealt(frees: list[float]) -> tuple[int, ...]:
         order = sorted(range(devices), key=lambda d: (frees[d], d))
         placement = [0] * devices
         for row, device in zip(rows, order, strict=True):
             placement[row] = device
-        placements.append(tuple(placement))
+        return tuple(placement)
+
+    placements = [tuple(range(devices))]
+    while len(placements) < iterations:
+        guessed = _continued(placements, iterations)
+        frees = run(guessed).frees
+        for k in range(len(placements), iterations):  # iteration k's placement needs k - 1's frees alone
+            placements.append(dealt(frees[k - 1]))
+            if placements[k] != guessed[k]:
+                break  # the runs from here on went on a wrong guess: run again from the placements known
     return placements
+
+
+def _continued(placements: list, iterations: int) -> list:
+    """``placements`` continued to ``iterations`` by repeating their last step, for ``first_free_placements``
+    to try in one run: once the rule settles, each iteration deals row r to the device that ran one fixed
+    row ``step[r]`` of the iteration before (the devices end an iteration in the order of the rows they ran),
+    so the guess is ``next[r] = last[step[r]]`` with ``step`` read off the last two placements. An
+    iteration's times depend on it and the ones before alone (a device runs its rows in iteration order,
+    and every event that holds an iteration back is an earlier one's), so the placements that the run's
+    frees confirm, each equal to its guess, are exactly those one run per iteration would find."""
+    guessed = list(placements)
+    if len(guessed) < 2:
+        return guessed + [guessed[-1]] * (iterations - len(guessed))
+    before, last = guessed[-2], guessed[-1]
+    row_on = {device: row for row, device in enumerate(before)}
+    step = [row_on[device] for device in last]  # last[r] ran row step[r] in the iteration before
+    while len(guessed) < iterations:
+        guessed.append(tuple(guessed[-1][step[r]] for r in range(len(step))))
+    return guessed
 
 
 def _shifted(devices: int, iterations: int, shift: int) -> list[tuple[int, ...]]:
