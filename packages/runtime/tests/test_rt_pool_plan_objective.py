@@ -87,3 +87,14 @@ def test_rt_pool_plan_period_on_a_gpu_pool_is_judged_with_uploads_on_the_copy_st
     assert streamed < in_order - 1e-6  # the uploads overlap the compute there
     assert pool_plan.plan_judge("makespan", load_stream=True)(schedule, costs) == pytest.approx(
         simulate(schedule, costs).makespan)
+
+
+def test_rt_pool_report_says_what_the_plans_were_ranked_by():
+    from bubbleless_runtime.report import pool_partition_effect
+
+    overlapped, single = _pool(tiny_model(8)), _pool(tiny_model(8), asynchronous=False)
+    assert (overlapped.plan_objective, single.plan_objective) == ("period", "makespan")
+    text = pool_partition_effect(overlapped)
+    assert "steady period of overlapped steps kept: objective period" in text and "steady period 352.578 ms" in text
+    assert "the fastest simulated kept" in pool_partition_effect(single)
+    assert "steady period" not in pool_partition_effect(single)

@@ -146,6 +146,7 @@ class RoundRobinPipeline:
         self.profile: Profile | None = None
         self.stage_costs: Costs | None = costs
         self.input_bytes = _copied_input_bytes(sample_input, self.devices)
+        self.plan_objective: str | None = None  # what partition="auto" ranked its plans by (``_plan``)
         self.schedule = self._plan(schedule, partition, sample_input, costs, dict(schedule_options or {}),
                                    overlapped=_asks_asynchronous(optimizer))
         self.groups: PoolGroups = pool_groups(self.schedule)
@@ -190,6 +191,7 @@ class RoundRobinPipeline:
             cap = None if self.memory_budget is None else self.memory_budget / 2
             if overlapped:  # steps overlap under the asynchronous optimizer: rank plans by their period
                 options = {"objective": "period", **options}  # the caller's own objective wins
+            self.plan_objective = options.get("objective", "makespan")
             groups, generated, self.stage_costs = pool_plan.auto_groups(
                 self.profile, num_devices=num_devices, num_microbatches=self.num_microbatches, name=schedule,
                 options=options, bandwidth=bandwidth, memory_cap=cap, input_bytes=self.input_bytes,

@@ -200,23 +200,30 @@ def devices_text(devices: list[str]) -> str:
 
 def pool_partition_effect(pipeline) -> str:
     """Report lines for a round-robin ``partition: auto``: the simulator's step and bubble under the layer
-    profile for the generator's default (even) cut and for the auto cut the pool runs."""
+    profile for the generator's default (even) cut and for the auto cut the pool runs, and when the plans
+    were ranked by their steady period (the asynchronous optimizer's overlapped steps), that period too."""
     from bubbleless_schedules import simulate
     from bubbleless_schedules.roundrobin_layout import pool_groups
 
-    from .pool_plan import copy_bandwidth_of, generate_pool, job_costs
+    from .pool_plan import copy_bandwidth_of, generate_pool, job_costs, plan_judge
 
     profile, schedule = pipeline.profile, pipeline.schedule
     even = generate_pool(schedule.name or "roundrobin", None, num_layers=profile.num_layers,
                          num_devices=len(pipeline.devices), num_microbatches=pipeline.num_microbatches,
                          costs=None, options={})
     bandwidth = copy_bandwidth_of(profile, pipeline.devices[0])  # what the auto cut priced LOAD/STORE with
-    lines = ["partition     auto (every count of backward groups cut from the layer profile, the fastest "
-             "simulated kept), with the layer profile (per-job F/R/B, LOAD/STORE at the measured copy rate)"]
+    by_period = getattr(pipeline, "plan_objective", None) == "period"
+    ranked = ("the shortest simulated steady period of overlapped steps kept: objective period"
+              if by_period else "the fastest simulated kept")
+    lines = [f"partition     auto (every count of backward groups cut from the layer profile, {ranked}), with the "
+             "layer profile (per-job F/R/B, LOAD/STORE at the measured copy rate)"]
+    period = plan_judge("period", load_stream=any(d.type == "cuda" for d in pipeline.devices))
     for label, plan in (("even", even), ("auto", schedule)):
         groups = pool_groups(plan)
-        timeline = simulate(plan, job_costs(profile, groups, bandwidth=bandwidth))
+        costs = job_costs(profile, groups, bandwidth=bandwidth)
+        timeline = simulate(plan, costs)
+        steady = f", steady period {period(plan, costs):.3f} ms" if by_period else ""
         lines.append(f"  {label} cut    forward {list(groups.forward)} last {groups.last} backward "
                      f"{list(groups.backward)}: predicted step {timeline.makespan:.3f} ms, "
-                     f"bubble {timeline.bubble_rate:.1%}")
+                     f"bubble {timeline.bubble_rate:.1%}{steady}")
     return "\n".join(lines)
