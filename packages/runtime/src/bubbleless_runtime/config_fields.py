@@ -139,7 +139,8 @@ class PipelineConfig:
     report then shows the simulator's predicted step time and bubble rate with the even cut (and the
     unit-cost schedule) and the auto cut. For ``roundrobin``: ``even`` (the generator's default groups),
     ``auto`` (the layers timed on the first step's first micro-batch, every count of backward groups cut
-    and the plan the simulator predicts fastest kept) or the cut as a mapping of layer counts,
+    and the plan the simulator predicts fastest kept: with ``optimizer.asynchronous`` the one of the shortest
+    steady period of overlapped steps) or the cut as a mapping of layer counts,
     ``{forward: [3, 2], last: 2, backward: [1, 2, 2]}``: forward groups first layers first, the fused
     last group (forward, loss and backward), backward groups first layers first; ``forward`` and
     ``backward`` each cover the layers before the last group. A checkpoint names the cut it was written
