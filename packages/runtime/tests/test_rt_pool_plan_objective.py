@@ -34,8 +34,7 @@ def _steady(schedule, costs, load_stream=False):
 def test_rt_pool_plan_period_objective_ranks_by_the_steady_period_and_makespan_by_one_step():
     default, by_makespan, by_period = _plan(None), _plan("makespan"), _plan("period")
     assert default[1].to_text() == by_makespan[1].to_text()
-    steady = {name: _steady(plan[1], plan[2]) for name, plan in (("makespan", by_makespan),
-                                                                             ("period", by_period))}
+    steady = {name: _steady(plan[1], plan[2]) for name, plan in (("makespan", by_makespan), ("period", by_period))}
     # 2 devices, 8 micro-batches: the makespan plan (1,) / 7 / (1,) steps in 360.9 with period 360.9; the whole
     # model as one job on one device steps in 705.2, but the two devices then run every other step whole
     assert by_period[0] != by_makespan[0]

@@ -137,6 +137,7 @@ class RoundRobinPipeline:
         if memory_budget is not None and not (isinstance(memory_budget, (int, float)) and memory_budget > 0):
             raise ValueError(f"memory_budget is bytes per device and must be positive, got {memory_budget!r}")
         self.devices = _devices(devices)
+        self.has_gpu = any(d.type == "cuda" for d in self.devices)  # pinned host buffers, uploads on copy streams
         self.layers = layers_of(model)
         self.num_microbatches = num_microbatches
         self.loss_fn = loss_fn
@@ -151,7 +152,7 @@ class RoundRobinPipeline:
                                    overlapped=_asks_asynchronous(optimizer))
         self.groups: PoolGroups = pool_groups(self.schedule)
         self.partition = self.groups
-        pin = any(d.type == "cuda" for d in self.devices) if pin_memory is None else pin_memory
+        pin = self.has_gpu if pin_memory is None else pin_memory
         self.store = HostStore(self.layers, pin_memory=pin, frozen_safetensors=frozen_safetensors,
                                safetensors_key=safetensors_key)
         check_fits(self.schedule, self.store, memory_budget, self.devices, self.profile, self.input_bytes)
@@ -195,7 +196,7 @@ class RoundRobinPipeline:
             groups, generated, self.stage_costs = pool_plan.auto_groups(
                 self.profile, num_devices=num_devices, num_microbatches=self.num_microbatches, name=schedule,
                 options=options, bandwidth=bandwidth, memory_cap=cap, input_bytes=self.input_bytes,
-                load_stream=any(d.type == "cuda" for d in self.devices))  # a GPU's uploads: on a copy stream
+                load_stream=self.has_gpu)  # a GPU's uploads: on a copy stream
             return pool_plan.check_schedule(generated, num_layers=num_layers, num_devices=num_devices,
                                             num_microbatches=self.num_microbatches)
         if isinstance(partition, Partition):

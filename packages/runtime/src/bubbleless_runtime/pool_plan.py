@@ -161,11 +161,9 @@ def dp_cut_options(name: str, options: dict, profile: Profile, *, bandwidth: flo
 
 
 def objective_of(options: dict) -> tuple[str, dict]:
-    """(``objective``, the other options) of a plan's options; a ValueError naming the choices for an
-    unknown objective (``roundrobin_search.OBJECTIVES``), before any plan is searched."""
-    objective = options.get("objective", "makespan")
-    objective_judge(objective)
-    return objective, {k: v for k, v in options.items() if k != "objective"}
+    """(``objective``, the other options) of a plan's options (an unknown objective is refused by
+    ``plan_judge``, before any plan is searched)."""
+    return options.get("objective", "makespan"), {k: v for k, v in options.items() if k != "objective"}
 
 
 JUDGED_ITERATIONS = 12
@@ -246,8 +244,8 @@ class _Asked:
 @dataclass
 class _Search:
     """What one search under a device budget found: the fastest plan that fits (its time by the objective,
-    groups, schedule, costs) or None, each DP cut's plan over the budget (peak, group count), the counts ``cut()`` refused
-    under the cap and its errors, and whether the DP cuts were dispatched with pinned options."""
+    groups, schedule, costs) or None, each DP cut's plan over the budget (peak, group count), the counts
+    ``cut()`` refused under the cap and its errors, and whether the DP cuts were dispatched with pinned options."""
 
     best: tuple | None = None
     over: list = field(default_factory=list)
@@ -389,6 +387,6 @@ def check_schedule(schedule: Schedule, *, num_layers: int, num_devices: int, num
     return schedule
 
 
-__all__ = ["COPY_BANDWIDTH", "LayerCost", "OneLayerOnDevice", "auto_groups", "layer_costs_of", "check_schedule", "plan_judge",
+__all__ = ["COPY_BANDWIDTH", "LayerCost", "OneLayerOnDevice", "auto_groups", "layer_costs_of", "check_schedule",
            "copy_bandwidth", "copy_bandwidth_of", "generate_pool", "groups_from_partition",
-           "job_costs", "plan_peak_bytes", "profile_layers"]
+           "job_costs", "plan_judge", "plan_peak_bytes", "profile_layers"]

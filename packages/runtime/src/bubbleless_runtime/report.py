@@ -212,12 +212,12 @@ def pool_partition_effect(pipeline) -> str:
                          num_devices=len(pipeline.devices), num_microbatches=pipeline.num_microbatches,
                          costs=None, options={})
     bandwidth = copy_bandwidth_of(profile, pipeline.devices[0])  # what the auto cut priced LOAD/STORE with
-    by_period = getattr(pipeline, "plan_objective", None) == "period"
+    by_period = pipeline.plan_objective == "period"
     ranked = ("the shortest simulated steady period of overlapped steps kept: objective period"
               if by_period else "the fastest simulated kept")
     lines = [f"partition     auto (every count of backward groups cut from the layer profile, {ranked}), with the "
              "layer profile (per-job F/R/B, LOAD/STORE at the measured copy rate)"]
-    period = plan_judge("period", load_stream=any(d.type == "cuda" for d in pipeline.devices))
+    period = plan_judge("period", load_stream=pipeline.has_gpu)  # as the pool judged its plans
     for label, plan in (("even", even), ("auto", schedule)):
         groups = pool_groups(plan)
         costs = job_costs(profile, groups, bandwidth=bandwidth)
