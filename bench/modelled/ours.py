@@ -34,8 +34,8 @@ makespan): what ``RoundRobinPipeline`` plans for the synchronous optimizer. With
 headline below) the runtime ranks the plans by their overlapped period instead (``objective="period"``,
 ``pool_plan.plan_judge``); this model does not follow it yet, so its headline is what the makespan plan
 overlaps to: asked for the period, the five ``bench.check`` points model
-0 to +3.5% tokens/s (none lower), and their planning takes 2-4x longer (about 2 min a point here), which
-the 40-minute ``--table`` run has not been given. Assumptions:
+0 to +3.5% tokens/s (none lower), and their planning takes about twice as long (55-88 s a point against
+25-45 s on the build VM), which the 40-minute ``--table`` run has not been given. Assumptions:
 
 - host link per GPU: the achieved PCIe rate, or the GPUs' share of half the host's DRAM bandwidth if
   that is less (every GPU streams weights at once; the other half is left to the CPU and activations).
