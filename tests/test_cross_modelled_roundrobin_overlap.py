@@ -1,4 +1,4 @@
-"""bench/modelled/ours.py ``roundrobin`` on a GPU profile prices the overlapped executor
+"""bench/modelled/ours.py ``roundrobin`` on a GPU profile plans and prices the overlapped executor
 (``RoundRobinPipeline.steps``): the step's compute is the steady period of back-to-back pool steps
 (``steady_state`` with the first-free rule, copy streams, no prefetch across pool steps, two in flight)
 times the pool steps, and the pool-step size is the one whose overlapped compute is shortest. A cpu
@@ -57,3 +57,22 @@ def test_a_slower_host_link_lengthens_the_overlapped_step():
     fast = predict("roundrobin", GPU).details["steady_step_s"]
     slow = predict("roundrobin", GPU.at(hardware=replace(A800, host_bandwidth=A800.host_bandwidth / 8)))
     assert slow.details["steady_step_s"] > fast
+
+
+def test_a_gpu_pool_is_planned_as_the_runtime_plans_for_overlapped_steps(monkeypatch):
+    """``RoundRobinPipeline`` with the asynchronous optimizer ranks plans by the steady period, uploads on the
+    copy stream; a cpu profile (calibrated on synchronous runs) keeps the makespan ranking."""
+    from bubbleless_runtime import pool_plan
+
+    asked = []
+    real = pool_plan.auto_groups
+
+    def spy(*args, **kwargs):
+        asked.append((kwargs["options"], kwargs["load_stream"]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pool_plan, "auto_groups", spy)
+    _pool_plan_at(GPU, 4)
+    _pool_plan_at(cpu_point(shape("qwen3-1.7b"), global_batch=4), 4)
+    assert asked == [({"objective": "period"}, True), ({}, False)]
+

@@ -27,15 +27,16 @@ per-stage costs; the step's compute is the simulated makespan. Assumptions:
 per-layer costs (tapered groups, recompute ahead into waits, the pacing job's micro-batches split over
 GPUs; under the GPU's memory its own plan and, per dispatch, that of the largest weight limit that fits:
 ``pool_plan_cap.generated_within``), prices each job with ``pool_plan.job_costs`` (LOAD = the group's weights over the host link,
-STORE = its gradients back; a split job pays both on each of its GPUs), and keeps the plan whose
-simulated step (``simulate``: one pool step alone, each LOAD in its device's compute order) is shortest
-among those that fit the GPU. That choice is ``auto_groups``' own with its default objective (one step's
-makespan): what ``RoundRobinPipeline`` plans for the synchronous optimizer. With the asynchronous one (the
-headline below) the runtime ranks the plans by their overlapped period instead (``objective="period"``,
-``pool_plan.plan_judge``); this model does not follow it yet, so its headline is what the makespan plan
-overlaps to: asked for the period, the five ``bench.check`` points model
-0 to +3.5% tokens/s (none lower), and their planning takes about twice as long (55-88 s a point against
-25-45 s on the build VM), which the 40-minute ``--table`` run has not been given. Assumptions:
+STORE = its gradients back; a split job pays both on each of its GPUs), and keeps, among the plans that
+fit the GPU, the one ``RoundRobinPipeline`` keeps for the headline's asynchronous optimizer: on a GPU
+profile the shortest overlapped steady period (``objective="period"``, ``pool_plan.plan_judge``:
+``pool_steady_state`` over ``JUDGED_ITERATIONS`` steps, uploads on the copy stream), on a ``cpu`` profile
+(calibrated on synchronous runs) the shortest simulated step (``simulate``: one pool step alone, each LOAD
+in its device's compute order). The synchronous figure in the notes steps the same plan one pool step at
+a time; ``RoundRobinPipeline`` with the synchronous optimizer would rank by one step's makespan instead
+(not modelled here: a second search per point). Ranking by the period raised the five ``bench.check``
+points' tokens/s by 0 to +3.5% (none lower) and about doubles the planning (55-88 s a point against
+25-45 s on the build VM). Assumptions:
 
 - host link per GPU: the achieved PCIe rate, or the GPUs' share of half the host's DRAM bandwidth if
   that is less (every GPU streams weights at once; the other half is left to the CPU and activations).
@@ -354,6 +355,12 @@ def pool_profile(point: Point):
     return profile_of(point, loss_chunk_tokens=LOSS_CHUNK_TOKENS).with_(host_bandwidth=pool_host_bandwidth(point))
 
 
+def _plan_options(point: Point) -> dict:
+    """The options ``RoundRobinPipeline`` plans the headline's pool with: ranked by the overlapped steady
+    period where pool steps overlap (the asynchronous optimizer on a GPU pool), else by one step's makespan."""
+    return {"objective": "period"} if _overlaps(point) else {}
+
+
 def _pool_plan_at(point: Point, microbatches: int) -> PoolPlan:
     """The plan ``auto_groups`` makes for pool steps of ``microbatches``, times of one pool step."""
     from bubbleless_runtime.pool_plan import auto_groups, plan_peak_bytes  # torch with it: import on use
@@ -364,10 +371,11 @@ def _pool_plan_at(point: Point, microbatches: int) -> PoolPlan:
     # cut()'s cap is per group; a GPU holds two (auto_groups holds every plan to 2 x cap per GPU, counted by
     # plan_peak_bytes with each held micro-batch's input and handed-down gradient), besides the loss chunk.
     cap = (usable_bytes(point.hardware) - logits_bytes(point, tokens, LOSS_CHUNK_TOKENS)) / 2
+    overlaps = _overlaps(point)
     try:
         groups, schedule, costs = auto_groups(
-            prof, num_devices=point.gpus, num_microbatches=microbatches, name="roundrobin", options={},
-            bandwidth=bandwidth, memory_cap=cap,
+            prof, num_devices=point.gpus, num_microbatches=microbatches, name="roundrobin",
+            options=_plan_options(point), bandwidth=bandwidth, memory_cap=cap, load_stream=overlaps,
         )
     except ValueError:
         groups, schedule, costs = _more_groups(prof, point, microbatches, bandwidth, cap)
@@ -392,9 +400,18 @@ def _pool_plan_at(point: Point, microbatches: int) -> PoolPlan:
 
 def _more_groups(prof, point: Point, microbatches: int, bandwidth: float, cap: float):
     """When no cut into at most 3 x GPUs groups fits (``auto_groups``' range), what a user passes as
-    ``partition=cut(profile, num_stages=n, method="roundrobin")``: the fastest simulated of the smallest
-    group count that fits the cap and the next three."""
-    from bubbleless_runtime.pool_plan import generate_pool, groups_from_partition, job_costs
+    ``partition=cut(profile, num_stages=n, method="roundrobin")``: the best by ``_plan_options``' objective
+    of the smallest group count that fits the cap and the next three."""
+    from bubbleless_runtime.pool_plan import (
+        generate_pool,
+        groups_from_partition,
+        job_costs,
+        objective_of,
+        plan_judge,
+    )
+
+    objective, options = objective_of(_plan_options(point))
+    judge = plan_judge(objective, load_stream=_overlaps(point))
 
     def attempt(count):
         try:
@@ -416,10 +433,10 @@ def _more_groups(prof, point: Point, microbatches: int, bandwidth: float, cap: f
         groups = groups_from_partition(partition)
         costs = job_costs(prof, groups, bandwidth=bandwidth)
         schedule = generate_pool("roundrobin", groups, num_layers=prof.num_layers, num_devices=point.gpus,
-                                 num_microbatches=microbatches, costs=costs, options={})
-        makespan = simulate(schedule, costs).makespan
-        if best is None or makespan < best[0]:
-            best = (makespan, groups, schedule, costs)
+                                 num_microbatches=microbatches, costs=costs, options=options)
+        judged = judge(schedule, costs)
+        if best is None or judged < best[0]:
+            best = (judged, groups, schedule, costs)
     return best[1], best[2], best[3]
 
 
@@ -474,7 +491,8 @@ def roundrobin(point: Point) -> Prediction:
     notes = [
         f"{steps} pool steps of {plan.microbatches} micro-batches, gradients accumulated; groups "
         f"fwd {_runs(groups.forward)} last {groups.last} bwd {_runs(groups.backward)}; host link "
-        f"{plan.bandwidth:.1f} GB/s per GPU",
+        f"{plan.bandwidth:.1f} GB/s per GPU; planned by "
+        + ("the steady period (objective='period')" if overlaps else "one pool step's makespan"),
         (f"pool steps overlapped (RoundRobinPipeline.steps(batches, accumulate={steps})): compute {compute:.2f} s "
          f"= {steps} x the steady period; one pool step at a time (step()) {single:.2f} s"
          if overlaps else "a cpu profile: pool steps one at a time (step()), LOADs in the compute order"),
@@ -482,7 +500,7 @@ def roundrobin(point: Point) -> Prediction:
         f"{step:.2f} s = max(compute {compute:.2f}, CPU AdamW {optimizer:.2f}) + hand-off {hand_off * 1e3:.1f} ms"
         + ("" if overlaps else " (a cpu profile: the synchronous step is the prediction)")
         + f", {point.tokens / step:,.0f} tokens/s",
-        f"synchronous optimizer (RoundRobinPipeline's default, step() per pool step): step {sync_step:.2f} s = "
+        f"synchronous optimizer (RoundRobinPipeline's default, step() per pool step of this plan): step {sync_step:.2f} s = "
         f"compute {single:.2f} + CPU AdamW, {point.tokens / sync_step:,.0f} tokens/s",
     ]
     return done("roundrobin", point, step, plan.peak_bytes, longest, notes,
