@@ -18,13 +18,20 @@ from bubbleless_schedules.roundrobin_layout import PoolGroups
 
 M = 4
 SAVED_OUTPUTS: list = []  # weak references to the storages of the probe's tanh and softmax outputs
+GRAD_CALLS = {"count": 0, "fail_at": None}  # module-wide: the pool runs copies of the block, not the block
 
 
 class SelfSavingBlock(nn.Module):
-    """A block whose tanh and softmax outputs are saved for their own backward (the hooks' cycle case)."""
+    """A block whose tanh and softmax outputs are saved for their own backward (the hooks' cycle case).
+    With GRAD_CALLS' `fail_at` set it raises at that grad-enabled call, before building anything: the
+    calls before it have built their graphs, whichever micro-batches they were."""
 
     def forward(self, activation):
         hidden, aux, index = activation
+        if torch.is_grad_enabled():
+            GRAD_CALLS["count"] += 1
+            if GRAD_CALLS["count"] == GRAD_CALLS["fail_at"]:
+                raise RuntimeError("a block that fails mid-step")
         squashed, shares = torch.tanh(hidden), torch.softmax(hidden, dim=-1)
         if torch.is_grad_enabled():
             SAVED_OUTPUTS.extend(weakref.ref(t.untyped_storage()) for t in (squashed, shares))
@@ -40,20 +47,12 @@ def test_rt_pool_memory_saved_outputs_die_with_their_graph_even_when_a_step_fail
     """A pack hook returning its input keeps an output saved for its own backward in a cycle with its
     graph: B frees it, but the graphs a failed step leaves are dropped unrun and stayed alive for good."""
     model, ref = _probed_model(), _probed_model()
-    calls = {"loss": 0, "fail_at": None}
-
-    def loss_fn(output, target):
-        calls["loss"] += 1
-        if calls["loss"] == calls["fail_at"]:
-            raise RuntimeError("a loss that fails mid-step")
-        return tiny_loss(output, target)
-
-    pipe = RoundRobinPipeline(model, devices=["cpu", "cpu"], num_microbatches=M, loss_fn=loss_fn,
+    pipe = RoundRobinPipeline(model, devices=["cpu", "cpu"], num_microbatches=M, loss_fn=tiny_loss,
                               partition=PoolGroups((3, 3), 2, (1, 2, 3)), timeout=60)
     inputs, targets = tiny_batch(8)
     for fails in (False, True, False):
         SAVED_OUTPUTS.clear()
-        calls["fail_at"] = calls["loss"] + 2 if fails else None  # after micro-batch 0's graph is built
+        GRAD_CALLS["fail_at"] = GRAD_CALLS["count"] + 2 if fails else None  # after one micro-batch's graph is built
         if fails:
             with pytest.raises(RuntimeError, match="fails mid-step"):
                 pipe.step(inputs, targets)
