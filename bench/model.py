@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -46,6 +47,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--json", action="store_true", help="print the prediction as JSON")
     parser.add_argument("--table", action="store_true", help=f"write {RESULTS.relative_to(ROOT)} and plots")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where --table writes")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="processes --table plans the round-robin points in (default: one per CPU)")
     parser.add_argument("--measure-cpu", action="store_true", help="measure this CPU, write the cpu profile")
     parser.add_argument("--cpu-profile", type=Path, default=None, help="where --measure-cpu writes")
     parser.add_argument("--list", action="store_true", help="list systems, models and hardware")
@@ -80,7 +83,10 @@ def main(argv=None) -> int:
     if args.table:
         from bench.modelled.report import write_report
 
-        print(f"wrote {write_report(args.out)}")
+        if args.jobs < 1:
+            print(f"error: --jobs {args.jobs}: give 1 or more processes", file=sys.stderr)
+            return 2
+        print(f"wrote {write_report(args.out, jobs=args.jobs)}")
         return 0
     try:
         point = point_of(args)

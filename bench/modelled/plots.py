@@ -36,13 +36,10 @@ def per_hardware(grid, folder: Path, plt, names, colour, models, hardware_names)
     return lines
 
 
-def versus_sequence(folder: Path, plt, systems, colour) -> list[str]:
-    from .registry import predict
-    from .report import point
-
+def versus_sequence(grid, folder: Path, plt, systems, colour) -> list[str]:
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for system in systems:
-        preds = [predict(system, point(SEQ_MODEL, SEQ_HARDWARE, SEQ_GPUS).at(seq_len=s)) for s in SEQ_LENS]
+        preds = [grid.get(system, SEQ_MODEL, SEQ_HARDWARE, SEQ_GPUS, seq_len=s) for s in SEQ_LENS]
         ax.plot(SEQ_LENS, [p.tokens_per_s if p.fits else float("nan") for p in preds], marker="o", label=system,
                 color=colour[system])
     ax.set_xscale("log", base=2)

@@ -7,10 +7,12 @@ the per-hardware tables, 1/2/4/8 for scaling; sequence 2048, micro-batch 1, 32 s
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import platform
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,17 +35,51 @@ def point(model: str, hw: str, gpus: int, **changes) -> Point:
                  global_batch=GLOBAL_BATCH, lora_rank=lora).at(**changes)
 
 
+def _predicted(key: tuple) -> Prediction:
+    system, model, hw, gpus, seq_len = key
+    return predict(system, point(model, hw, gpus, seq_len=seq_len))
+
+
+def _named(key: tuple) -> str:
+    system, model, hw, gpus, seq_len = key
+    return f"{system} {model} {gpus}x {hw}" + ("" if seq_len == SEQ_LEN else f" seq {seq_len}")
+
+
 @dataclass
 class Grid:
-    """Predictions by (system, model, hardware, gpus), computed once."""
+    """Predictions by (system, model, hardware, gpus, sequence), computed once; `bar` (a tqdm bar, or None)
+    ticks once per prediction computed, naming it: a round-robin point plans for tens of seconds."""
 
     cache: dict
+    bar: object = None
 
-    def get(self, system: str, model: str, hw: str, gpus: int) -> Prediction:
-        key = (system, model, hw, gpus)
+    def get(self, system: str, model: str, hw: str, gpus: int, seq_len: int = SEQ_LEN) -> Prediction:
+        key = (system, model, hw, gpus, seq_len)
         if key not in self.cache:
-            self.cache[key] = predict(system, point(model, hw, gpus))
+            if self.bar is not None:
+                self.bar.set_postfix_str(_named(key))
+            self.cache[key] = _predicted(key)
+            if self.bar is not None:
+                self.bar.update()
         return self.cache[key]
+
+    def prefetch(self, keys, jobs: int) -> None:
+        """Compute the predictions of `keys` not yet cached over `jobs` processes (each a pure function of
+        its key: the same figures as `get`'s, in any order); `jobs` <= 1 leaves them to `get`."""
+        missing = [k for k in dict.fromkeys(keys) if k not in self.cache]
+        if jobs <= 1 or len(missing) < 2:
+            return
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        context = multiprocessing.get_context("spawn")  # torch in a forked child can deadlock
+        with ProcessPoolExecutor(max_workers=min(jobs, len(missing)), mp_context=context) as pool:
+            futures = {pool.submit(_predicted, key): key for key in missing}
+            for future in as_completed(futures):
+                self.cache[futures[future]] = future.result()
+                if self.bar is not None:
+                    self.bar.set_postfix_str(_named(futures[future]))
+                    self.bar.update()
 
     def best_baseline(self, model: str, hw: str, gpus: int) -> Prediction | None:
         fitting = [self.get(s, model, hw, gpus) for s in BASELINES]
@@ -222,9 +258,40 @@ def assumptions() -> list[str]:
     return lines
 
 
-def write_report(out: Path, *, plots: bool = True) -> Path:
+def slow_keys(plots: bool = True) -> list[tuple]:
+    """The round-robin points of the report (each plans its pool for tens of seconds; the other systems'
+    predictions take milliseconds): 8 GPUs of every profile, the RTX 4090 scaling and, for the plots,
+    the sequence sweep."""
+    from .plots import SEQ_GPUS, SEQ_HARDWARE, SEQ_LENS, SEQ_MODEL
+
+    keys = [("roundrobin", m, hw, 8, SEQ_LEN) for hw in HARDWARE_NAMES for m in MODELS]
+    keys += [("roundrobin", m, "rtx4090", g, SEQ_LEN) for m in MODELS for g in GPU_COUNTS]
+    if plots:
+        keys += [("roundrobin", SEQ_MODEL, SEQ_HARDWARE, SEQ_GPUS, s) for s in SEQ_LENS]
+    return list(dict.fromkeys(keys))  # the 8-GPU RTX 4090 points are in the scaling and the sweep too
+
+
+def write_report(out: Path, *, plots: bool = True, progress: bool = True, jobs: int = 1) -> Path:
+    """Write the modelled report to `out` (and its plots beside it), with a progress bar on stderr; `jobs`
+    processes compute the round-robin points first (`slow_keys`)."""
+    with _progress_bar(progress) as bar:
+        grid = Grid({}, bar)
+        grid.prefetch(slow_keys(plots), jobs)
+        return _write_report(out, grid, plots=plots)
+
+
+def _progress_bar(enabled: bool):
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        enabled = False
+    if not enabled:
+        return contextlib.nullcontext()
+    return tqdm(desc="modelled points", unit="point", file=sys.stderr, dynamic_ncols=True)
+
+
+def _write_report(out: Path, grid: Grid, *, plots: bool) -> Path:
     root = Path(__file__).resolve().parents[2]
-    grid = Grid({})
     stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     parts = [
         "# Modelled throughput and longest sequence (every number here is MODELLED, none measured)",
@@ -309,7 +376,7 @@ def write_plots(grid: Grid, folder: Path) -> list[str]:
     from .plots import per_hardware, versus_sequence
 
     extra = per_hardware(grid, folder, plt, names, colour, MODELS, HARDWARE_NAMES)
-    extra += versus_sequence(folder, plt, names, colour)
+    extra += versus_sequence(grid, folder, plt, names, colour)
     return ["## Plots (modelled)", "", "![8x RTX 4090](modelled_rtx4090.png)", "",
             "![scaling](modelled_scaling.png)", "", *extra]
 
