@@ -77,7 +77,6 @@ def test_a_gpu_pool_is_planned_as_the_runtime_plans_for_overlapped_steps(monkeyp
     assert asked == [({"objective": "period"}, True), ({}, False)]
 
 
-
 def test_the_period_plan_is_never_slower_by_the_period_than_the_makespan_plan():
     """4 RTX 4090s, Qwen3-1.7B at 32 micro-batches: the generator's own period search (finalists over 4
     steps, uploads in order) returned (27,) / 3 / (9, 9, 9), period 2389.4 ms over 12 streamed steps, where

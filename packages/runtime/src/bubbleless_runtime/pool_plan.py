@@ -300,10 +300,10 @@ def _fastest_within(profile: Profile, device_budget: float | None, *, num_device
             continue
         keep(schedule)
     if name == "roundrobin" and not _CUT_OPTIONS & set(options):
+        layer_costs = layer_costs_of(profile, bandwidth=bandwidth)
         for generator in asked.generators:
             try:
-                generated = generated_within(profile, device_budget,
-                                             layer_costs=layer_costs_of(profile, bandwidth=bandwidth),
+                generated = generated_within(profile, device_budget, layer_costs=layer_costs,
                                              num_devices=num_devices, num_microbatches=num_microbatches,
                                              options=options, input_bytes=input_bytes, asked=generator)
             except ValueError:  # its own cuts miss a pinned option (weight_limit): a DP cut's plan may meet it
