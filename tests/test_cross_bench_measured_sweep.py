@@ -1,0 +1,73 @@
+"""bench/measured/sweep.py: zbv against torch 1F1B over several micro-batch counts. The verdict needs both
+halves (>= 1.1x and the same peak RSS), a count the scenario cannot run is refused before anything runs,
+and the simulated column follows 1F1B's bubble as m grows."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # bench/ is not installed: import it from the checkout
+    sys.path.insert(0, str(ROOT))
+
+from bench.measured import runner, sweep  # noqa: E402
+from bench.measured.report import simulated_ratio  # noqa: E402
+from bench.measured.scenario import Scenario, TinyShape  # noqa: E402
+
+SMALL = Scenario(name="test", model=TinyShape(layers=2, hidden=32, heads=2, intermediate=64, vocab=128),
+                 seq_len=16, global_batch=8, microbatches=4, steps=2, warmup=1, rounds=2,
+                 systems=("zbv", "zbv-mem", "1f1b"))
+
+
+def _merged(tokens_per_s: list[float], rss_mib: float) -> dict:
+    runs = []
+    for index, value in enumerate(tokens_per_s):
+        step_s = SMALL.tokens_per_step / value
+        runs.append({"times": [step_s, step_s], "losses": [3.0, 2.0], "peak_growth_bytes": int(rss_mib * 2**20),
+                     "processes": 2, "threads": 1, "round": index})
+    return runner.merge(SMALL, runs)
+
+
+def _row(zbv: tuple[list[float], float], zbv_mem: tuple[list[float], float]) -> dict:
+    systems = {"zbv": _merged(*zbv), "zbv-mem": _merged(*zbv_mem), "1f1b": _merged([1000.0, 2000.0], 100)}
+    return {"microbatches": 4, "micro_batch": 2, "simulated_unit": 1.2, "losses_equal": True, "systems": systems,
+            "cut": {"sizes": [1, 1, 1, 1], "predicted_ms": 80.0, "baseline_ms": 100.0}}
+
+
+def test_cross_bench_sweep_meets_the_goal_only_when_faster_and_as_lean():
+    row = _row(zbv=([1200.0, 2400.0], 110), zbv_mem=([1200.0, 2400.0], 104))
+    (line,) = sweep.table([row])[2:]
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[4] == "1.20x (1.20-1.20), RSS 1.10x: NOT met (RSS)"  # fast enough, 10% more memory
+    assert cells[5] == "1.20x (1.20-1.20), RSS 1.04x: met"
+    assert cells[3] == "1.25x on [1, 1, 1, 1]" and cells[6] == "-"  # no bubbleless-1f1b in this row
+    slow = _row(zbv=([1050.0, 2100.0], 100), zbv_mem=([1000.0, 2000.0], 90))
+    (line,) = sweep.table([slow])[2:]
+    assert "1.05x (1.05-1.05), RSS 1.00x: NOT met (< 1.1x)" in line
+
+
+def test_cross_bench_sweep_refuses_counts_the_scenario_cannot_run_before_running():
+    assert sweep.parse_counts("2,4,8") == (2, 4, 8)
+    for bad in ("2,x", "", "0,2", "2,2"):
+        with pytest.raises(ValueError, match="distinct positive integers"):
+            sweep.parse_counts(bad)
+    with pytest.raises(ValueError, match="global_batch=8 must be a multiple of microbatches=3"):
+        sweep.scenarios(SMALL, (2, 3))
+    with pytest.raises(ValueError, match="lack one of them"):
+        sweep.scenarios(SMALL.with_(systems=("zbv", "zero2")), (2,))
+    assert [s.microbatches for s in sweep.scenarios(SMALL.with_(zbv_mem_cut=(1, 1, 1, 1)), (2, 8))] == [2, 8]
+    assert all(s.zbv_mem_cut is None for s in sweep.scenarios(SMALL.with_(zbv_mem_cut=(1, 1, 1, 1)), (2, 8)))
+
+
+def test_cross_bench_sweep_the_bubble_zbv_removes_shrinks_as_micro_batches_grow():
+    ratios = [simulated_ratio(s) for s in sweep.scenarios(SMALL, (2, 4, 8))]
+    assert ratios == sorted(ratios, reverse=True) and ratios[0] > 1.3 and ratios[-1] < 1.15, ratios
+
+
+def test_cross_bench_sweep_cli_says_what_to_change(capsys):
+    scenario = ROOT / "bench" / "scenarios" / "tiny.yaml"
+    assert sweep.main(["--scenario", str(scenario), "--microbatches", "3"]) == 2
+    assert "must be a multiple of microbatches=3" in capsys.readouterr().err
