@@ -178,13 +178,16 @@ def bench(session: nox.Session) -> None:
 @nox.session
 def bench_full(session: nox.Session) -> None:
     """Everything: the quick suite's micro-benchmarks, the full measured scenario (every system, longest
-    sequence by bisection), its measured regression check, and the modelled tables and plots."""
+    sequence by bisection), its measured regression check, zbv against torch 1F1B over micro-batch counts,
+    and the modelled tables and plots."""
     _install(session)
     session.install(*CONSTRAINTS, *BENCH_EXTRAS)
     session.run("python", "-m", "pytest", "bench/micro", "-q", "-p", "no:cacheprovider", "--benchmark-json",
                 "bench/results/micro.json", env=TEST_ENV)
     session.run("python", "-m", "bench.measured", "--scenario", "bench/scenarios/tiny.yaml", env=TEST_ENV)
     session.run("python", "-m", "bench.check", "--measured", "bench/results/measured.json", env=TEST_ENV)
+    session.run("python", "-m", "bench.measured.sweep", "--scenario", "bench/scenarios/tiny.yaml", "--rounds", "10",
+                env=TEST_ENV)
     session.run("python", "bench/model.py", "--table", env=TEST_ENV)
 
 

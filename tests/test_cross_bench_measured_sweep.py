@@ -44,6 +44,11 @@ def test_cross_bench_sweep_meets_the_goal_only_when_faster_and_as_lean():
     assert cells[4] == "1.20x (1.20-1.20), RSS 1.10x: NOT met (RSS)"  # fast enough, 10% more memory
     assert cells[5] == "1.20x (1.20-1.20), RSS 1.04x: met"
     assert cells[3] == "1.25x on [1, 1, 1, 1]" and cells[6] == "-"  # no bubbleless-1f1b in this row
+    row["memory"] = {"systems": {name: {"ranks": [{"malloc_peak_growth": a}, {"malloc_peak_growth": b}]}
+                                 for name, a, b in (("zbv", 90, 100), ("zbv-mem", 120, 30), ("1f1b", 100, 50))}}
+    cells = [c.strip() for c in sweep.table([row])[2].strip("|").split("|")]
+    assert cells[4] == "1.20x (1.20-1.20), RSS 1.10x, held 1.00x: NOT met (RSS)"
+    assert cells[5] == "1.20x (1.20-1.20), RSS 1.04x, held 1.20x: NOT met (held)"  # busiest rank against busiest
     slow = _row(zbv=([1050.0, 2100.0], 100), zbv_mem=([1000.0, 2000.0], 90))
     (line,) = sweep.table([slow])[2:]
     assert "1.05x (1.05-1.05), RSS 1.00x: NOT met (< 1.1x)" in line
