@@ -32,7 +32,6 @@ def test_a_gpu_step_is_the_overlapped_steady_period_and_never_above_one_pool_ste
     assert d["steady_step_s"] <= d["single_step_s"] + 1e-12  # overlapping never loses to one at a time
     assert d["single_step_s"] <= d["serial_loads_step_s"] + 1e-12  # copy streams never lose to LOADs in order
     assert p.step_s == pytest.approx(max(d["compute_s"], d["optimizer_s"]) + d["hand_off_s"])
-    assert d["sync_step_s"] == pytest.approx(d["single_step_s"] + d["optimizer_s"])
     assert any("steady period" in note for note in p.notes)
 
 
@@ -50,7 +49,10 @@ def test_a_cpu_profile_still_prices_pool_steps_one_at_a_time_with_loads_in_order
     d = predict("roundrobin", point).details
     assert d["compute_s"] == d["serial_loads_step_s"] == d["single_step_s"]
     assert d["hand_off_s"] == 0.0
-    assert predict("roundrobin", point).step_s == pytest.approx(d["sync_step_s"])
+    assert predict("roundrobin", point).step_s == pytest.approx(d["serial_loads_step_s"] + d["optimizer_s"])
+    sync, ours = predict("roundrobin-sync", point), predict("roundrobin", point)  # a cpu profile plans both alike
+    assert (sync.step_s, sync.peak_device_bytes, sync.max_seq_len) == (ours.step_s, ours.peak_device_bytes,
+                                                                       ours.max_seq_len)
 
 
 def test_a_slower_host_link_lengthens_the_overlapped_step():
@@ -75,6 +77,30 @@ def test_a_gpu_pool_is_planned_as_the_runtime_plans_for_overlapped_steps(monkeyp
     _pool_plan_at(GPU, 4)
     _pool_plan_at(cpu_point(shape("qwen3-1.7b"), global_batch=4), 4)
     assert asked == [({"objective": "period"}, True), ({}, False)]
+
+
+def test_the_synchronous_pool_is_planned_by_the_makespan_and_steps_one_pool_step_at_a_time(monkeypatch):
+    """``roundrobin-sync`` plans as ``RoundRobinPipeline`` does for its default synchronous optimizer (one
+    pool step's makespan), not the headline's period plan stepped synchronously, and prices ``step()`` per
+    pool step (LOADs on the copy stream) and then the CPU AdamW, nothing overlapped."""
+    from bubbleless_runtime import pool_plan
+
+    asked = []
+    real = pool_plan.auto_groups
+
+    def spy(*args, **kwargs):
+        asked.append(kwargs["options"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pool_plan, "auto_groups", spy)
+    sync = predict("roundrobin-sync", GPU.at(seq_len=256))
+    assert asked and all(options == {} for options in asked)
+    d = sync.details
+    assert d["compute_s"] == d["single_step_s"] and d["hand_off_s"] == 0.0
+    assert sync.step_s == pytest.approx(d["single_step_s"] + d["optimizer_s"])
+    assert _pool_plan(GPU.at(seq_len=256), synchronous=True).single_ms == pytest.approx(
+        min(_pool_plan_at(GPU.at(seq_len=256), m, synchronous=True).over(GPU.microbatches // m).single_ms
+            for m in pool_step_sizes(GPU)))
 
 
 def test_the_period_plan_is_never_slower_by_the_period_than_the_makespan_plan():

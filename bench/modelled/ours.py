@@ -32,11 +32,16 @@ fit the GPU, the one ``RoundRobinPipeline`` keeps for the headline's asynchronou
 profile the shortest overlapped steady period (``objective="period"``, ``pool_plan.plan_judge``:
 ``pool_steady_state`` over ``JUDGED_ITERATIONS`` steps, uploads on the copy stream), on a ``cpu`` profile
 (calibrated on synchronous runs) the shortest simulated step (``simulate``: one pool step alone, each LOAD
-in its device's compute order). The synchronous figure in the notes steps the same plan one pool step at
-a time; ``RoundRobinPipeline`` with the synchronous optimizer would rank by one step's makespan instead
-(not modelled here: a second search per point). Ranking by the period raised the five ``bench.check``
-points' tokens/s by 0 to +3.5% (none lower) and about doubles the planning (55-88 s a point against
-25-45 s on the build VM). Assumptions:
+in its device's compute order). Ranking by the period raised the five ``bench.check`` points' tokens/s by
+0 to +3.5% (none lower) and about doubles the planning (55-88 s a point against 25-45 s on the build VM).
+
+**Round-robin, synchronous optimizer** (``roundrobin-sync``): ``RoundRobinPipeline``'s default, planned as
+it plans for it: ``auto_groups`` ranks by one pool step's makespan (``objective="makespan"``), ``step()``
+runs the pool steps one at a time (on a GPU profile each LOAD on its copy stream, ``single_ms``), then the
+CPU AdamW runs with nothing beside it. A separate system because it is a separate plan: the headline's
+period plan stepped one pool step at a time understated it (Llama-3.1-8B on 8 RTX 4090s, 2026-12-04:
+1.02x the best baseline against the makespan plan's 1.16x). On a ``cpu`` profile it is ``roundrobin``'s
+own plan and step. Assumptions (both round-robin systems):
 
 - host link per GPU: the achieved PCIe rate, or the GPUs' share of half the host's DRAM bandwidth if
   that is less (every GPU streams weights at once; the other half is left to the CPU and activations).
@@ -71,7 +76,7 @@ points' tokens/s by 0 to +3.5% (none lower) and about doubles the planning (55-8
   during this batch's compute, so the step is max(compute, optimizer) plus the serial hand-off (swap the
   accumulators, start the thread, swap the working buffers in: pointer swaps, ``HAND_OFF_S_PER_LAYER``
   per layer, measured on the build VM). The synchronous step (``RoundRobinPipeline``'s default:
-  ``step()`` per pool step, then the optimizer) is in the notes and ``details["sync_step_s"]``. On a
+  ``step()`` per pool step, then the optimizer) is ``roundrobin-sync``, planned for it. On a
   ``cpu`` profile the prediction is the synchronous step, pool steps one at a time, LOADs in order:
   the measured CPU runs it is calibrated against (bench/measured) use the synchronous optimizer, and
   there the thread shares the cores the "devices" compute on, which the model does not price (measured
@@ -333,15 +338,26 @@ against 24, at 12 by 0.35% (the other three models: the same period at 12 and 24
 
 
 @lru_cache(maxsize=256)
-def _pool_plan(point: Point) -> PoolPlan:
-    """The fastest of ``pool_step_sizes`` by the step's compute (``PoolPlan.compute_ms``)."""
-    overlapped = _overlaps(point)
+def _pool_plan(point: Point, synchronous: bool = False) -> PoolPlan:
+    """The fastest of ``pool_step_sizes`` by the step's compute (``PoolPlan.compute_ms``), each planned for
+    the headline's asynchronous optimizer, or with ``synchronous`` for ``step()`` one pool step at a time
+    (``_plan_options``); a cpu profile plans both alike, so ``synchronous`` is the same plan there."""
+    if synchronous and not _overlaps(point):
+        return _pool_plan(point)
     best = None
     for size in pool_step_sizes(point):
-        plan = _pool_plan_at(point, size).over(point.microbatches // size)
-        if best is None or plan.compute_ms(overlapped) < best.compute_ms(overlapped) - 1e-9:
+        plan = _pool_plan_at(point, size, synchronous=synchronous).over(point.microbatches // size)
+        if best is None or _compute_ms(plan, point, synchronous) < _compute_ms(best, point, synchronous) - 1e-9:
             best = plan
     return best
+
+
+def _compute_ms(plan: PoolPlan, point: Point, synchronous: bool) -> float:
+    """The step's compute as the optimizer runs it: ``step()`` one pool step at a time with the synchronous
+    optimizer on a GPU (LOADs on the copy stream), else ``PoolPlan.compute_ms``."""
+    if synchronous and _overlaps(point):
+        return plan.single_ms
+    return plan.compute_ms(_overlaps(point))  # a cpu profile: one pool step at a time, LOADs in order
 
 
 def _overlaps(point: Point) -> bool:
@@ -355,14 +371,16 @@ def pool_profile(point: Point):
     return profile_of(point, loss_chunk_tokens=LOSS_CHUNK_TOKENS).with_(host_bandwidth=pool_host_bandwidth(point))
 
 
-def _plan_options(point: Point) -> dict:
-    """The options ``RoundRobinPipeline`` plans the headline's pool with: ranked by the overlapped steady
-    period where pool steps overlap (the asynchronous optimizer on a GPU pool), else by one step's makespan."""
-    return {"objective": "period"} if _overlaps(point) else {}
+def _plan_options(point: Point, synchronous: bool = False) -> dict:
+    """The options ``RoundRobinPipeline`` plans the pool with: ranked by the overlapped steady period where
+    pool steps overlap (the headline's asynchronous optimizer on a GPU pool), else (``synchronous``, or a
+    cpu profile) by one step's makespan."""
+    return {"objective": "period"} if _overlaps(point) and not synchronous else {}
 
 
-def _pool_plan_at(point: Point, microbatches: int) -> PoolPlan:
-    """The plan ``auto_groups`` makes for pool steps of ``microbatches``, times of one pool step."""
+def _pool_plan_at(point: Point, microbatches: int, *, synchronous: bool = False) -> PoolPlan:
+    """The plan ``auto_groups`` makes for pool steps of ``microbatches`` (for the synchronous optimizer with
+    ``synchronous``), times of one pool step."""
     from bubbleless_runtime.pool_plan import auto_groups, plan_peak_bytes  # torch with it: import on use
 
     bandwidth = pool_host_bandwidth(point)
@@ -375,10 +393,10 @@ def _pool_plan_at(point: Point, microbatches: int) -> PoolPlan:
     try:
         groups, schedule, costs = auto_groups(
             prof, num_devices=point.gpus, num_microbatches=microbatches, name="roundrobin",
-            options=_plan_options(point), bandwidth=bandwidth, memory_cap=cap, load_stream=overlaps,
+            options=_plan_options(point, synchronous), bandwidth=bandwidth, memory_cap=cap, load_stream=overlaps,
         )
     except ValueError:
-        groups, schedule, costs = _more_groups(prof, point, microbatches, bandwidth, cap)
+        groups, schedule, costs = _more_groups(prof, point, microbatches, bandwidth, cap, synchronous)
     hand_off_ms = 2 * hidden_bytes(point, point.seq_len * point.micro_batch) / (bandwidth * 1e6)
     costs = replace(costs, comm=hand_off_ms)
     timeline = simulate(schedule, costs)
@@ -398,7 +416,7 @@ def _pool_plan_at(point: Point, microbatches: int) -> PoolPlan:
                     overlapped.makespan, overlapped.period)
 
 
-def _more_groups(prof, point: Point, microbatches: int, bandwidth: float, cap: float):
+def _more_groups(prof, point: Point, microbatches: int, bandwidth: float, cap: float, synchronous: bool = False):
     """When no cut into at most 3 x GPUs groups fits (``auto_groups``' range), what a user passes as
     ``partition=cut(profile, num_stages=n, method="roundrobin")``: the best by ``_plan_options``' objective
     of the smallest group count that fits the cap and the next three."""
@@ -410,7 +428,7 @@ def _more_groups(prof, point: Point, microbatches: int, bandwidth: float, cap: f
         plan_judge,
     )
 
-    objective, options = objective_of(_plan_options(point))
+    objective, options = objective_of(_plan_options(point, synchronous))
     judge = plan_judge(objective, load_stream=_overlaps(point))
 
     def attempt(count):
@@ -467,50 +485,77 @@ def host_optimizer_s(point: Point) -> float:
     return trainable_params(point) / rate
 
 
+def _pool_longest(point: Point) -> int:
+    """The longest sequence on one-layer groups (the module docstring), either optimizer."""
+    return longest_sequence(lambda s: _pool_peak_one_layer_groups(point.at(micro_batch=1), s),
+                            usable_bytes(point.hardware))
+
+
+def _plan_note(plan: PoolPlan, point: Point, ranked_by: str) -> str:
+    groups = plan.groups
+    return (f"{point.microbatches // plan.microbatches} pool steps of {plan.microbatches} micro-batches, gradients "
+            f"accumulated; groups fwd {_runs(groups.forward)} last {groups.last} bwd {_runs(groups.backward)}; host "
+            f"link {plan.bandwidth:.1f} GB/s per GPU; planned by {ranked_by}")
+
+
+def _plan_details(plan: PoolPlan, point: Point) -> dict:
+    return dict(single_step_s=_compute_ms(plan, point, synchronous=True) / 1e3, steady_step_s=plan.steady_ms / 1e3,
+                serial_loads_step_s=plan.makespan_ms / 1e3, transfer_s_all_jobs=plan.transfer_ms / 1e3,
+                fused_last_group_s=plan.last_ms / 1e3, work_spread_evenly_s=plan.even_ms / 1e3)
+
+
 def roundrobin(point: Point) -> Prediction:
     """Our round-robin device pool (RoundPipe's mechanism), as ``RoundRobinPipeline`` would plan it, with
     the one-step-stale host optimizer (``asynchronous``) and, on a GPU profile, its pool steps overlapped
-    (``RoundRobinPipeline.steps``); the synchronous step is in the notes."""
+    (``RoundRobinPipeline.steps``); the synchronous optimizer is ``roundrobin_synchronous``."""
     try:
         plan = _pool_plan(point)
     except ValueError as error:
-        longest = longest_sequence(lambda s: _pool_peak_one_layer_groups(point.at(micro_batch=1), s),
-                                   usable_bytes(point.hardware))
-        return not_fitting("roundrobin", point, math.inf, longest, f"no plan: {error}")
+        return not_fitting("roundrobin", point, math.inf, _pool_longest(point), f"no plan: {error}")
     overlaps = _overlaps(point)
     compute = plan.compute_ms(overlaps) / 1e3
-    single = (plan.single_ms if overlaps else plan.makespan_ms) / 1e3  # pool steps one at a time: step()
+    single = _compute_ms(plan, point, synchronous=True) / 1e3  # pool steps one at a time: step()
     optimizer = host_optimizer_s(point)
-    sync_step = single + optimizer
     hand_off = HAND_OFF_S_PER_LAYER * point.shape.num_layers
-    step = (max(compute, optimizer) + hand_off) if overlaps else sync_step
-    longest = longest_sequence(lambda s: _pool_peak_one_layer_groups(point.at(micro_batch=1), s),
-                               usable_bytes(point.hardware))
+    step = (max(compute, optimizer) + hand_off) if overlaps else single + optimizer
     steps = point.microbatches // plan.microbatches
-    groups = plan.groups
     notes = [
-        f"{steps} pool steps of {plan.microbatches} micro-batches, gradients accumulated; groups "
-        f"fwd {_runs(groups.forward)} last {groups.last} bwd {_runs(groups.backward)}; host link "
-        f"{plan.bandwidth:.1f} GB/s per GPU; planned by "
-        + ("the steady period (objective='period')" if overlaps else "one pool step's makespan"),
+        _plan_note(plan, point, "the steady period (objective='period')" if overlaps else "one pool step's makespan"),
         (f"pool steps overlapped (RoundRobinPipeline.steps(batches, accumulate={steps})): compute {compute:.2f} s "
          f"= {steps} x the steady period; one pool step at a time (step()) {single:.2f} s"
          if overlaps else "a cpu profile: pool steps one at a time (step()), LOADs in the compute order"),
         f"one-step-stale optimizer (asynchronous=True, RoundPipe's default; the headline): step "
         f"{step:.2f} s = max(compute {compute:.2f}, CPU AdamW {optimizer:.2f}) + hand-off {hand_off * 1e3:.1f} ms"
         + ("" if overlaps else " (a cpu profile: the synchronous step is the prediction)")
-        + f", {point.tokens / step:,.0f} tokens/s",
-        f"synchronous optimizer (RoundRobinPipeline's default, step() per pool step of this plan): step {sync_step:.2f} s = "
-        f"compute {single:.2f} + CPU AdamW, {point.tokens / sync_step:,.0f} tokens/s",
+        + f", {point.tokens / step:,.0f} tokens/s; the synchronous optimizer, planned for it: roundrobin-sync",
     ]
-    return done("roundrobin", point, step, plan.peak_bytes, longest, notes,
+    return done("roundrobin", point, step, plan.peak_bytes, _pool_longest(point), notes,
                 compute_s=compute, optimizer_s=optimizer, hand_off_s=hand_off if overlaps else 0.0,
-                sync_step_s=sync_step, single_step_s=single, steady_step_s=plan.steady_ms / 1e3,
-                serial_loads_step_s=plan.makespan_ms / 1e3, transfer_s_all_jobs=plan.transfer_ms / 1e3,
-                fused_last_group_s=plan.last_ms / 1e3, work_spread_evenly_s=plan.even_ms / 1e3)
+                **_plan_details(plan, point))
 
 
-register("roundrobin", modelled=roundrobin, description="ours: round-robin device pool, host-resident state")
+def roundrobin_synchronous(point: Point) -> Prediction:
+    """The pool with ``RoundRobinPipeline``'s default synchronous optimizer, planned as it plans for it (one
+    pool step's makespan), ``step()`` per pool step, then the CPU AdamW (the module docstring)."""
+    try:
+        plan = _pool_plan(point, synchronous=True)
+    except ValueError as error:
+        return not_fitting("roundrobin-sync", point, math.inf, _pool_longest(point), f"no plan: {error}")
+    compute = _compute_ms(plan, point, synchronous=True) / 1e3
+    optimizer = host_optimizer_s(point)
+    step = compute + optimizer
+    how = "LOADs on the copy stream" if _overlaps(point) else "a cpu profile: LOADs in the compute order"
+    notes = [_plan_note(plan, point, "one pool step's makespan (objective='makespan')"),
+             f"synchronous optimizer (RoundRobinPipeline's default): step() per pool step ({how}), step {step:.2f} s "
+             f"= compute {compute:.2f} + CPU AdamW {optimizer:.2f}, {point.tokens / step:,.0f} tokens/s"]
+    return done("roundrobin-sync", point, step, plan.peak_bytes, _pool_longest(point), notes,
+                compute_s=compute, optimizer_s=optimizer, hand_off_s=0.0, **_plan_details(plan, point))
+
+
+register("roundrobin", modelled=roundrobin, description="ours: round-robin device pool, host-resident state, "
+         "one-step-stale host optimizer")
+register("roundrobin-sync", modelled=roundrobin_synchronous,
+         description="ours: round-robin device pool, host-resident state, synchronous host optimizer")
 for _name in available():
     if _name not in ("roundrobin", "auto"):
         register("bubbleless-1f1b" if _name == "1f1b" else _name, modelled=stage_bound(_name),
