@@ -4,6 +4,7 @@ and the simulated column follows 1F1B's bubble as m grows."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -41,17 +42,17 @@ def test_cross_bench_sweep_meets_the_goal_only_when_faster_and_as_lean():
     row = _row(zbv=([1200.0, 2400.0], 110), zbv_mem=([1200.0, 2400.0], 104))
     (line,) = sweep.table([row])[2:]
     cells = [c.strip() for c in line.strip("|").split("|")]
-    assert cells[4] == "1.20x (1.20-1.20), RSS 1.10x: NOT met (RSS)"  # fast enough, 10% more memory
+    assert cells[4] == "1.20x (1.20-1.20), RSS 1.10x: NOT met (RSS 1.100x > 1.05x)"  # fast enough, 10% more memory
     assert cells[5] == "1.20x (1.20-1.20), RSS 1.04x: met"
     assert cells[3] == "1.25x on [1, 1, 1, 1]" and cells[6] == "-"  # no bubbleless-1f1b in this row
     row["memory"] = {"systems": {name: {"ranks": [{"malloc_peak_growth": a}, {"malloc_peak_growth": b}]}
                                  for name, a, b in (("zbv", 90, 100), ("zbv-mem", 120, 30), ("1f1b", 100, 50))}}
     cells = [c.strip() for c in sweep.table([row])[2].strip("|").split("|")]
-    assert cells[4] == "1.20x (1.20-1.20), RSS 1.10x, held 1.00x: NOT met (RSS)"
-    assert cells[5] == "1.20x (1.20-1.20), RSS 1.04x, held 1.20x: NOT met (held)"  # busiest rank against busiest
+    assert cells[4] == "1.20x (1.20-1.20), RSS 1.10x, held 1.00x: NOT met (RSS 1.100x > 1.05x)"
+    assert cells[5] == "1.20x (1.20-1.20), RSS 1.04x, held 1.20x: NOT met (held 1.200x > 1.05x)"  # busiest rank against busiest
     slow = _row(zbv=([1050.0, 2100.0], 100), zbv_mem=([1000.0, 2000.0], 90))
     (line,) = sweep.table([slow])[2:]
-    assert "1.05x (1.05-1.05), RSS 1.00x: NOT met (< 1.1x)" in line
+    assert "1.05x (1.05-1.05), RSS 1.00x: NOT met (1.050x < 1.1x)" in line
 
 
 def test_cross_bench_sweep_refuses_counts_the_scenario_cannot_run_before_running():
@@ -76,3 +77,14 @@ def test_cross_bench_sweep_cli_says_what_to_change(capsys):
     scenario = ROOT / "bench" / "scenarios" / "tiny.yaml"
     assert sweep.main(["--scenario", str(scenario), "--microbatches", "3"]) == 2
     assert "must be a multiple of microbatches=3" in capsys.readouterr().err
+
+
+def test_cross_bench_sweep_render_rewrites_the_record_from_its_json_keeping_its_meta(tmp_path):
+    row = _row(zbv=([1200.0, 2400.0], 110), zbv_mem=([1200.0, 2400.0], 104))
+    first, data = sweep.write(SMALL, [row], tmp_path / "sweep.md", "python -m bench.measured.sweep --scenario x")
+    text = first.read_text()
+    meta = json.loads(data.read_text())["meta"]
+    first.unlink()
+    assert sweep.main(["--render", str(data), "--out", str(first)]) == 0
+    again = first.read_text()
+    assert again == text and meta["date"] in again and meta["commit"] in again
