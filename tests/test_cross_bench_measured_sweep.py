@@ -88,3 +88,19 @@ def test_cross_bench_sweep_render_rewrites_the_record_from_its_json_keeping_its_
     assert sweep.main(["--render", str(data), "--out", str(first)]) == 0
     again = first.read_text()
     assert again == text and meta["date"] in again and meta["commit"] in again
+
+
+def test_cross_bench_sweep_a_memory_probe_that_dies_costs_only_the_held_column(monkeypatch):
+    from bench.measured import memory, vcut
+
+    systems = _row(zbv=([1200.0, 2400.0], 100), zbv_mem=([1200.0, 2400.0], 100))["systems"]
+
+    def dies(*args, **kwargs):
+        raise RuntimeError("probe killed")
+
+    monkeypatch.setattr(vcut, "with_measured_cut", lambda scenario: (scenario, None))
+    monkeypatch.setattr(runner, "measure", lambda scenario, progress=None: systems)
+    monkeypatch.setattr(memory, "breakdown", dies)
+    row = sweep.measure_count(SMALL)
+    assert row["memory"] == {"error": "RuntimeError: probe killed"} and row["systems"] is systems
+    assert "1.20x (1.20-1.20), RSS 1.00x: met" in sweep.table([row])[2]
