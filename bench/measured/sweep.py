@@ -48,8 +48,10 @@ def parse_counts(text: str) -> tuple[int, ...]:
 
 
 def scenarios(scenario: Scenario, counts) -> list[Scenario]:
-    """The scenario once per micro-batch count, everything else kept; a count the scenario refuses (not a
-    divisor of the global batch, not a multiple of the workers) is refused before anything runs."""
+    """The scenario once per micro-batch count, its zbv-mem cut dropped (``measure_count`` measures one per
+    m), everything else kept. A count the scenario refuses (not a divisor of the global batch, not a
+    multiple of the workers) is refused here, before anything runs; one whose run fails later (no V cut
+    within torch 1F1B's bytes at that m, a rank that dies) is recorded with its error (``main``)."""
     if "1f1b" not in scenario.systems or not set(OURS) & set(scenario.systems):
         raise ValueError(f"the sweep compares {' / '.join(OURS)} with torch's 1f1b; the systems "
                          f"{list(scenario.systems)} lack one of them (use --systems zbv,zbv-mem,1f1b)")
@@ -75,26 +77,36 @@ def measure_count(scenario: Scenario, *, progress=None) -> dict:
 
 
 def held_ratio(row: dict, name: str) -> float | None:
-    """``name``'s busiest rank's malloc peak over torch 1F1B's (``memory.breakdown``), if measured."""
+    """``name``'s busiest rank's malloc peak over torch 1F1B's (``memory.breakdown``), if measured: None
+    where a probe died or glibc's counters are missing (``mallinfo2``: every figure 0)."""
     found = (row.get("memory") or {}).get("systems", {})
     if name not in found or "1f1b" not in found:
         return None
     ours, base = (max(r["malloc_peak_growth"] for r in found[s]["ranks"]) for s in (name, "1f1b"))
-    return ours / base if base else None
+    return ours / base if base > 0 else None
 
 
 def _verdict(row: dict, name: str) -> str:
-    systems = row["systems"]
+    """The goal for ``name``: >= ``GOAL``x, RSS and held bytes within ``SAME_MEMORY``, equal losses. Each
+    miss is named; a half not measured (held bytes) leaves it 'not judged', never 'met'; and 'met' says
+    that the longest-sequence half of the memory goal was not searched (``report.same_memory_verdict``)."""
+    systems = row.get("systems") or {}
     ours, base = systems.get(name, {}), systems.get("1f1b", {})
     paired = paired_ratio(systems, name, "1f1b")
-    if paired is None or "peak_growth_bytes" not in ours or "peak_growth_bytes" not in base:
+    if paired is None or not ours.get("peak_growth_bytes") or not base.get("peak_growth_bytes"):
         return "-"
     rss = ours["peak_growth_bytes"] / base["peak_growth_bytes"]
     held = held_ratio(row, name)
     misses = [f"{paired.median:.3f}x < {GOAL}x"] if paired.median < GOAL else []
     misses += [f"{what} {value:.3f}x > {SAME_MEMORY}x" for what, value in (("RSS", rss), ("held", held))
                if value is not None and value > SAME_MEMORY]
-    met = f"NOT met ({', '.join(misses)})" if misses else "met"
+    misses += ["losses differ"] if row.get("losses_equal") is False else []
+    if misses:
+        met = f"NOT met ({', '.join(misses)})"
+    elif held is None:
+        met = "not judged (held bytes not measured)"
+    else:
+        met = "met (longest sequence not searched)"
     return f"{paired.text()}, RSS {rss:.2f}x{'' if held is None else f', held {held:.2f}x'}: {met}"
 
 
@@ -115,6 +127,9 @@ def table(rows: list[dict]) -> list[str]:
              "(the runtimes alone) | losses equal |",
              "|---|---|---|---|---|---|---|---|"]
     for row in rows:
+        if "error" in row:  # the run of this m failed (``main``): its error instead of figures
+            lines.append(f"| {row['microbatches']} | - | - | - | failed: {row['error']} | - | - | - |")
+            continue
         equal = {True: "yes", False: "NO", None: "-"}[row["losses_equal"]]
         lines.append(f"| {row['microbatches']} | {row['micro_batch']} | {row['simulated_unit']:.2f}x | "
                      f"{_predicted(row)} | {_verdict(row, 'zbv')} | {_verdict(row, 'zbv-mem')} | {_same_schedule(row)} | "
@@ -149,10 +164,45 @@ def write(scenario: Scenario, rows: list[dict], out: Path, command: str, info: d
         f"keeps after a free; the verdict asks both within {SAME_MEMORY - 1:.0%}. Goal (issue 10): >= {GOAL}x at the same "
         "memory. zbv runs the even cut; zbv-mem the V cut `vcut` measures for that m.", "",
         *table(rows), "",
-        "## Full configuration", "", "```json", json.dumps(scenario.as_dict() | {"microbatches": [
-            r["microbatches"] for r in rows]}, indent=1), "```", ""]
+        "## Full configuration", "", "```json", json.dumps(_configuration(scenario, rows), indent=1), "```", ""]
     out.write_text("\n".join(lines) + "\n")
     return out, json_path
+
+
+def _configuration(scenario: Scenario, rows: list[dict]) -> dict:
+    """The record's configuration: the scenario as run (its zbv-mem cut measured per m, not the YAML's)."""
+    data = scenario.as_dict() | {"microbatches": [r["microbatches"] for r in rows]}
+    data.pop("zbv_mem_cut", None)
+    return data
+
+
+def _rendered(path: Path) -> dict:
+    """A sweep's JSON as ``write`` wrote it; a ``ValueError`` that says what was given otherwise."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"--render {path}: cannot read it as JSON ({error})") from error
+    if not isinstance(data, dict) or not isinstance(data.get("rows"), list) or "scenario" not in data.get("meta", {}):
+        raise ValueError(f"--render {path}: not a sweep's JSON (no 'rows' and 'meta.scenario'); give the .json "
+                         "that `python -m bench.measured.sweep` wrote beside its markdown")
+    return data
+
+
+def run_counts(runs: list[Scenario], *, progress=None, done=None) -> list[dict]:
+    """Every m's row in order. A run that fails costs only its own row (its error recorded); ``done(rows)``
+    after each m (``main`` writes the record then, so an interrupted sweep keeps the counts it finished)."""
+    rows = []
+    for scenario in runs:
+        if progress is not None:
+            progress.set_postfix_str(f"m={scenario.microbatches}")
+        try:
+            rows.append(measure_count(scenario, progress=progress))
+        except Exception as error:  # noqa: BLE001 - recorded in the row; the other counts still run
+            rows.append({"microbatches": scenario.microbatches,
+                         "error": f"{type(error).__name__}: {str(error)[:400]}"})
+        if done is not None:
+            done(rows)
+    return rows
 
 
 def main(argv=None) -> int:
@@ -164,16 +214,25 @@ def main(argv=None) -> int:
     parser.add_argument("--scenario", type=Path, help="a YAML file under bench/scenarios/")
     parser.add_argument("--render", type=Path, default=None,
                         help="re-write the markdown from a sweep's JSON (its meta kept), running nothing")
-    parser.add_argument("--microbatches", default="2,4,8", help="comma-separated micro-batch counts (default 2,4,8)")
-    parser.add_argument("--systems", default="zbv,zbv-mem,bubbleless-1f1b,1f1b",
-                        help="comma-separated; must hold 1f1b and zbv or zbv-mem")
+    parser.add_argument("--microbatches", default=None, help="comma-separated micro-batch counts (default 2,4,8)")
+    parser.add_argument("--systems", default=None,
+                        help="comma-separated; must hold 1f1b and zbv or zbv-mem (default zbv,zbv-mem,"
+                             "bubbleless-1f1b,1f1b)")
     parser.add_argument("--rounds", type=int, default=None, help="rounds per m (default: the scenario's)")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="markdown path (JSON beside it)")
+    parser.add_argument("--out", type=Path, default=RESULTS,
+                        help="markdown path, JSON beside it (default: the tracked record, which --render rewrites)")
     args = parser.parse_args(argv)
     if args.render:
         from .scenario import scenario_from_dict
 
-        data = json.loads(args.render.read_text())
+        given = [flag for flag, value in (("--scenario", args.scenario), ("--microbatches", args.microbatches),
+                                          ("--systems", args.systems), ("--rounds", args.rounds)) if value is not None]
+        if given:
+            parser.error(f"--render runs nothing, so {', '.join(given)} would be ignored: drop them")
+        try:
+            data = _rendered(args.render)
+        except ValueError as error:
+            parser.error(str(error))
         base = scenario_from_dict(data["meta"]["scenario"])
         md, _ = write(base, data["rows"], args.out, data["meta"]["command"], info=data["meta"])
         print(md.read_text())
@@ -181,22 +240,23 @@ def main(argv=None) -> int:
     if args.scenario is None:
         parser.error("give --scenario bench/scenarios/NAME.yaml (or --render SWEEP.json)")
     try:
-        base = load_scenario(args.scenario).with_(systems=tuple(args.systems.split(",")))
+        systems = args.systems or "zbv,zbv-mem,bubbleless-1f1b,1f1b"
+        base = load_scenario(args.scenario).with_(systems=tuple(systems.split(",")))
         if args.rounds is not None:
             base = base.with_(rounds=args.rounds)
-        runs = scenarios(base, parse_counts(args.microbatches))
+        runs = scenarios(base, parse_counts(args.microbatches or "2,4,8"))
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    rows = []
+    command = ("python -m bench.measured.sweep " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
     with tqdm(total=sum(s.rounds * len(s.systems) for s in runs), unit="run", file=sys.stderr) as bar:
-        for scenario in runs:
-            bar.set_postfix_str(f"m={scenario.microbatches}")
-            rows.append(measure_count(scenario, progress=bar))
-    command = "python -m bench.measured.sweep " + " ".join(argv if argv is not None else sys.argv[1:])
-    md, _ = write(base, rows, args.out, command.strip())
-    print(md.read_text())
-    return 0
+        rows = run_counts(runs, progress=bar, done=lambda rows: write(base, rows, args.out, command))
+    print(args.out.read_text())
+    failed = [row["microbatches"] for row in rows if "error" in row]
+    if failed:
+        print(f"error: the runs at m={', '.join(map(str, failed))} failed (their errors are in the table)",
+              file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
