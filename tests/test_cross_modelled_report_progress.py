@@ -50,6 +50,7 @@ def test_modelled_report_prefetch_over_processes_gives_the_in_process_prediction
     fetched = Grid({}, bar)
     fetched.prefetch(keys, jobs=2)
     assert bar.ticks == 2 and set(fetched.cache) == set(keys)
+    assert sorted(bar.postfixes) == ["done 1f1b llama-3.1-8b 4x rtx4090 seq 4096", "done zero2 qwen3-1.7b 8x a800"]
     computed = Grid({})
     for key in keys:
         system, model, hw, gpus, seq_len = key

@@ -48,7 +48,8 @@ def _named(key: tuple) -> str:
 @dataclass
 class Grid:
     """Predictions by (system, model, hardware, gpus, sequence), computed once; `bar` (a tqdm bar, or None)
-    ticks once per prediction computed, naming it: a round-robin point plans for tens of seconds."""
+    ticks once per prediction computed, naming it (the one running; in `prefetch`, where `jobs` run at once,
+    the one just done): a round-robin point plans for tens of seconds."""
 
     cache: dict
     bar: object = None
@@ -78,7 +79,7 @@ class Grid:
             for future in as_completed(futures):
                 self.cache[futures[future]] = future.result()
                 if self.bar is not None:
-                    self.bar.set_postfix_str(_named(futures[future]))
+                    self.bar.set_postfix_str(f"done {_named(futures[future])}")  # `jobs` run at once
                     self.bar.update()
 
     def best_baseline(self, model: str, hw: str, gpus: int) -> Prediction | None:
@@ -306,8 +307,8 @@ def _write_report(out: Path, grid: Grid, *, plots: bool) -> Path:
         f"{os.environ.get('PYTHONPATH') or 'the installed (editable) packages'}). "
         f"Setting: sequence {SEQ_LEN}, micro-batch 1, {GLOBAL_BATCH} sequences per optimizer step for every "
         f"system, bf16 mixed precision (Adam, fp32 masters); Qwen3-235B-A22B as LoRA rank {LORA_RANK}. Cost "
-        "models: `bench/modelled/` (ours: `ours.py`, on our planners and simulator; baselines: `baselines.py`, "
-        "from their published mechanisms; shared physics and assumptions: `common.py`). Hardware: "
+        "models: `bench/modelled/` (ours: `ours.py` stage-bound, `ours_pool.py` round-robin, on our planners and "
+        "simulator; baselines: `baselines.py`, from their published mechanisms; shared physics and assumptions: `common.py`). Hardware: "
         "`bubbleless_partition.hardware_data` (sources per field). Calibration against measured runs: "
         "on CPU only, in bench/results/measured.md (its Calibration section: each model's CPU prediction "
         "against the measured tokens/s, with the error per system); no GPU calibration yet.",
