@@ -1,4 +1,4 @@
-"""bench/modelled/ours.py ``roundrobin`` on a GPU profile plans and prices the overlapped executor
+"""bench/modelled/ours_pool.py ``roundrobin`` on a GPU profile plans and prices the overlapped executor
 (``RoundRobinPipeline.steps``): the step's compute is the steady period of back-to-back pool steps
 (``steady_state`` with the first-free rule, copy streams, no prefetch across pool steps, two in flight)
 times the pool steps, and the pool-step size is the one whose overlapped compute is shortest. A cpu
@@ -18,7 +18,7 @@ if str(ROOT) not in sys.path:  # bench/ is not installed: import it from the che
 
 from bench.modelled import Point, predict  # noqa: E402
 from bench.modelled.calibrate import cpu_point  # noqa: E402
-from bench.modelled.ours import _pool_plan, _pool_plan_at, pool_step_sizes  # noqa: E402
+from bench.modelled.ours_pool import _pool_plan, _pool_plan_at, pool_step_sizes  # noqa: E402
 from bubbleless_partition import A800, shape  # noqa: E402
 
 GPU = Point(shape=shape("qwen3-1.7b"), hardware=A800, gpus=2, seq_len=512, global_batch=4)
@@ -107,7 +107,7 @@ def test_the_period_plan_is_never_slower_by_the_period_than_the_makespan_plan():
     """4 RTX 4090s, Qwen3-1.7B at 32 micro-batches: the generator's own period search (finalists over 4
     steps, uploads in order) returned (27,) / 3 / (9, 9, 9), period 2389.4 ms over 12 streamed steps, where
     its makespan plan (6, 5) / 19 / (3, 2, 5, 1) settles at 2282.5; auto_groups judges both now."""
-    from bench.modelled.ours import pool_host_bandwidth, pool_profile
+    from bench.modelled.ours_pool import pool_host_bandwidth, pool_profile
     from bench.modelled.report import point
     from bubbleless_runtime.pool_plan import auto_groups, plan_judge
 

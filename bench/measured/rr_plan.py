@@ -1,4 +1,4 @@
-"""The plan the measured round-robin pool runs: the one its cost model prices (bench/modelled/ours.py
+"""The plan the measured round-robin pool runs: the one its cost model prices (bench/modelled/ours_pool.py
 ``roundrobin`` on the ``cpu`` profile), handed to ``RoundRobinPipeline`` as a ``Profile``.
 
 Why not ``partition="auto"``: the pool then times every layer at start-up (about 99% of the build, 74 s
@@ -38,9 +38,9 @@ def model_point(scenario: Scenario, *, seq_len: int):
 
 
 def model_profile(scenario: Scenario, *, seq_len: int) -> Profile:
-    """The per-layer profile the model plans the pool on (``bench.modelled.ours.pool_profile``), with its
+    """The per-layer profile the model plans the pool on (``bench.modelled.ours_pool.pool_profile``), with its
     host link recorded as the pool's copy bandwidth."""
-    from bench.modelled.ours import pool_profile
+    from bench.modelled.ours_pool import pool_profile
     from bubbleless_runtime.pool_plan import COPY_BANDWIDTH
 
     point = model_point(scenario, seq_len=seq_len)
@@ -78,8 +78,8 @@ def plan_record(pipe) -> dict:
 
 def model_plan(scenario: Scenario, *, seq_len: int) -> dict:
     """The plan the model prices at this run's point: the fastest over its pool-step sizes
-    (``bench.modelled.ours._pool_plan``), groups and micro-batches per pool step as ``plan_record``."""
-    from bench.modelled.ours import _pool_plan
+    (``bench.modelled.ours_pool._pool_plan``), groups and micro-batches per pool step as ``plan_record``."""
+    from bench.modelled.ours_pool import _pool_plan
 
     plan = _pool_plan(model_point(scenario, seq_len=seq_len))
     return {"groups": groups_record(plan[0]), "microbatches_per_pool_step": plan[4]}

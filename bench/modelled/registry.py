@@ -46,7 +46,7 @@ def register(name: str, *, modelled=None, measured=None, description: str = "", 
 
 
 def _load_builtin() -> None:
-    from . import baselines, ours  # noqa: F401  (registering is importing)
+    from . import baselines, ours, ours_pool  # noqa: F401  (registering is importing)
 
 
 def systems() -> dict[str, System]:

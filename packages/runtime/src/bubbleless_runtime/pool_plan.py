@@ -175,7 +175,7 @@ JUDGED_ITERATIONS = 12
 """Steps ``plan_judge`` runs back to back for a period. The generator's own ``objective="period"`` judges its
 finalists over 4, which is short of the steady state on some plans: 8 RTX 4090s, Qwen3-1.7B at 16 micro-batches
 (bench/modelled), the plan (27,) / 3 / (9, 9, 9) simulates a period of 1335.2 ms over 4 steps and 1444.7 over
-12, where the makespan plan's is 1418.6 over both; over 12 the ranking matches 24 (``bench.modelled.ours``
+12, where the makespan plan's is 1418.6 over both; over 12 the ranking matches 24 (``bench.modelled.ours_pool``
 measured the ramp: 0.35% at 12)."""
 
 
