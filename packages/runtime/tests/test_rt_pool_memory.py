@@ -4,6 +4,7 @@ on the device's budget once, with the rest of what autograd keeps; the plan's es
 micro-batch holds the upload in full, as the executor reserves it."""
 
 import gc
+import threading
 import weakref
 
 import pytest
@@ -19,6 +20,7 @@ from bubbleless_schedules.roundrobin_layout import PoolGroups
 M = 4
 SAVED_OUTPUTS: list = []  # weak references to the storages of the probe's tanh and softmax outputs
 GRAD_CALLS = {"count": 0, "fail_at": None}  # module-wide: the pool runs copies of the block, not the block
+GRAD_CALLS_LOCK = threading.Lock()
 
 
 class SelfSavingBlock(nn.Module):
@@ -29,8 +31,10 @@ class SelfSavingBlock(nn.Module):
     def forward(self, activation):
         hidden, aux, index = activation
         if torch.is_grad_enabled():
-            GRAD_CALLS["count"] += 1
-            if GRAD_CALLS["count"] == GRAD_CALLS["fail_at"]:
+            with GRAD_CALLS_LOCK:  # the pool's workers are threads: count and compare as one step
+                GRAD_CALLS["count"] += 1
+                failing = GRAD_CALLS["count"] == GRAD_CALLS["fail_at"]
+            if failing:
                 raise RuntimeError("a block that fails mid-step")
         squashed, shares = torch.tanh(hidden), torch.softmax(hidden, dim=-1)
         if torch.is_grad_enabled():

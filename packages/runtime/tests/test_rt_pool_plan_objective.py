@@ -48,6 +48,14 @@ def test_rt_pool_plan_unknown_objective_names_the_choices():
         _plan("throughput")
 
 
+@pytest.mark.parametrize("partition", ["even", pool_plan.PoolGroups((1,), 7, (1,))])
+def test_rt_pool_objective_with_a_fixed_cut_says_it_ranks_only_searched_plans(partition):
+    with pytest.raises(ValueError, match="fixed cut with one dispatch, so there is nothing to rank: drop the "
+                                         "objective or pass partition='auto'"):
+        RoundRobinPipeline(tiny_model(8), devices=["cpu"] * 2, num_microbatches=8, loss_fn=tiny_loss_fn,
+                           partition=partition, schedule_options={"objective": "makespan"}, timeout=60)
+
+
 def _pool(model, schedule_options=None, asynchronous=True):
     return RoundRobinPipeline(model, devices=["cpu"] * 2, num_microbatches=8, loss_fn=tiny_loss_fn,
                               partition=TINY_BENCH, optimizer={**SETTINGS, "asynchronous": asynchronous},
@@ -94,6 +102,7 @@ def test_rt_pool_report_says_what_the_plans_were_ranked_by():
     overlapped, single = _pool(tiny_model(8)), _pool(tiny_model(8), asynchronous=False)
     assert (overlapped.plan_objective, single.plan_objective) == ("period", "makespan")
     text = pool_partition_effect(overlapped)
-    assert "steady period of overlapped steps kept: objective period" in text and "steady period 352.578 ms" in text
+    assert "steady period of overlapped steps kept: objective period" in text
+    assert "steady period of overlapped steps 352.578 ms" in text and "(one step alone, uploads in the compute order)" in text
     assert "the fastest simulated kept" in pool_partition_effect(single)
     assert "steady period" not in pool_partition_effect(single)

@@ -140,7 +140,9 @@ class PipelineConfig:
     unit-cost schedule) and the auto cut. For ``roundrobin``: ``even`` (the generator's default groups),
     ``auto`` (the layers timed on the first step's first micro-batch, every count of backward groups cut
     and the plan the simulator predicts fastest kept: with ``optimizer.asynchronous`` the one of the shortest
-    steady period of overlapped steps) or the cut as a mapping of layer counts,
+    steady period of overlapped steps, which the run overlaps between its evaluations and saves; a plan
+    that wins there may take longer for one step alone, so with ``eval.every`` or ``save_every`` of a few
+    steps prefer a cut the report shows faster by its predicted step) or the cut as a mapping of layer counts,
     ``{forward: [3, 2], last: 2, backward: [1, 2, 2]}``: forward groups first layers first, the fused
     last group (forward, loss and backward), backward groups first layers first; ``forward`` and
     ``backward`` each cover the layers before the last group. A checkpoint names the cut it was written

@@ -9,12 +9,19 @@
     loss = pipe.step(inputs, targets)   # and the host optimizer has stepped the fp32 masters
 
     pipe = RoundRobinPipeline(..., optimizer={"name": "adamw", "lr": 1e-4, "asynchronous": True})
-    for inputs, targets in batches:
-        loss = pipe.step(inputs, targets)   # the update from these gradients runs during the next step
+    for loss in pipe.steps(batches):        # the update from each step's gradients runs during the next
+        ...                                 # step, whose first jobs take the devices this one frees first
     pipe.synchronize()                      # the last update applied: read or save the weights now
 
-    for loss in pipe.steps(batches):        # the same, each step's first jobs on the devices the step
-        ...                                 # before leaves free as it drains (pool_overlap)
+    for inputs, targets in batches:         # the same one step at a time: no overlap of the steps, so
+        loss = pipe.step(inputs, targets)   # plan for it with schedule_options={"objective": "makespan"}
+
+Under the asynchronous optimizer ``partition="auto"`` ranks its plans by the steady period of overlapped
+steps (``objective="period"``), which is what ``steps`` (and the Trainer, between its evaluations and
+saves) runs; a plan that wins there may take longer for one step alone (the tiny bench profile on 2 CPU
+devices: the whole model as one job, period 352.6 ms, one step 705.2 ms, where the makespan plan steps in
+360.9 ms), so a loop of ``step`` calls, or ``steps`` over a few batches at a time, should ask for
+``objective="makespan"``.
 
 Every weight, gradient and optimizer state lives in host memory (``bubbleless_offload.HostStore``); the
 devices are a pool of stateless workers, one thread each, running the jobs the ``roundrobin`` schedule

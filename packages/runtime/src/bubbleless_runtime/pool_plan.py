@@ -25,9 +25,10 @@
   the executor runs them there) and is passed to the layer-cost generator, never to a DP cut's plain dispatch.
   Under ``"period"`` the generator's makespan plans are candidates too, so the plan is never slower by the
   period than the one ``"makespan"`` would pick from the generator: the generator's own period search
-  judges its finalists over 4 steps without the copy stream, and on 4 RTX 4090s (Qwen3-1.7B, 32
-  micro-batches, bench/modelled) it returned (27,) / 3 / (9, 9, 9), a period of 2389.4 ms over 12 steps
-  with uploads streamed, where its makespan plan (6, 5) / 19 / (3, 2, 5, 1) settles at 2282.5.
+  judges its finalists over as many steps as this planner but without the copy stream (it knows no GPU).
+  When it judged over 4 steps, on 4 RTX 4090s (Qwen3-1.7B, 32 micro-batches, bench/modelled) it returned
+  (27,) / 3 / (9, 9, 9), a period of 2389.4 ms over 12 steps with uploads streamed, where its makespan plan
+  (6, 5) / 19 / (3, 2, 5, 1) settles at 2282.5.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from torch import nn
 
 from bubbleless_partition import LayerCost, Partition, Profile, cut
 from bubbleless_schedules import Costs, Schedule, generate, validate
-from bubbleless_schedules.generators.roundrobin_search import objective_judge
+from bubbleless_schedules.generators.roundrobin_search import PERIOD_ITERATIONS, objective_judge
 from bubbleless_schedules.roundrobin_layout import PoolGroups, pool_groups
 from bubbleless_schedules.simulate_steady import pool_steady_state
 
@@ -81,6 +82,10 @@ def generate_pool(name: str, groups: PoolGroups | None, *, num_layers: int, num_
     overlap = sorted(set(cut_options) & set(options) - {"num_layers"})
     if groups is not None and overlap:
         raise ValueError(f"schedule_options {overlap} conflict with the partition's cut; give one or the other")
+    if "objective" in options and "layer_costs" not in options:
+        raise ValueError(f"schedule_options objective={options['objective']!r} ranks the plans partition='auto' "
+                         "(or a bubbleless_partition Profile) searches; this partition is a fixed cut with one "
+                         "dispatch, so there is nothing to rank: drop the objective or pass partition='auto'")
     return generate(name, num_ranks=num_devices, num_microbatches=num_microbatches, costs=costs,
                     **{**options, **cut_options})
 
@@ -171,12 +176,9 @@ def objective_of(options: dict) -> tuple[str, dict]:
     return options.get("objective", "makespan"), {k: v for k, v in options.items() if k != "objective"}
 
 
-JUDGED_ITERATIONS = 12
-"""Steps ``plan_judge`` runs back to back for a period. The generator's own ``objective="period"`` judges its
-finalists over 4, which is short of the steady state on some plans: 8 RTX 4090s, Qwen3-1.7B at 16 micro-batches
-(bench/modelled), the plan (27,) / 3 / (9, 9, 9) simulates a period of 1335.2 ms over 4 steps and 1444.7 over
-12, where the makespan plan's is 1418.6 over both; over 12 the ranking matches 24 (``bench.modelled.ours_pool``
-measured the ramp: 0.35% at 12)."""
+JUDGED_ITERATIONS = PERIOD_ITERATIONS
+"""Steps ``plan_judge`` runs back to back for a period: as many as the generator's own ``objective="period"``
+judges its finalists over (``roundrobin_search.PERIOD_ITERATIONS``, which says why 12)."""
 
 
 def plan_judge(objective: str, *, load_stream: bool = False):
@@ -320,7 +322,8 @@ def _candidate_peaks(profile: Profile, found: _Search, *, num_devices: int, num_
                      asked: _Asked) -> list[tuple[float, str]]:
     """(peak bytes on the fullest device, what plan) of each plan a larger budget could let through: the
     DP cuts over the budget, those ``cut()`` refused under the cap cut without it, and for ``roundrobin``
-    the generator's own and leanest plans (``leanest_generated``)."""
+    the generator's own and leanest plans (``leanest_generated``; under ``objective="period"`` its makespan
+    plans' too, which ``auto_groups`` also weighs)."""
     candidates = [(peak, f"the cut into {count} backward groups") for peak, count in found.over]
     for count in found.refused_counts:
         try:
@@ -331,9 +334,12 @@ def _candidate_peaks(profile: Profile, found: _Search, *, num_devices: int, num_
         candidates.append((max(plan_peak_bytes(schedule, profile, input_bytes)),
                            f"the cut into {count} backward groups"))
     if name == "roundrobin" and not _CUT_OPTIONS & set(options):
-        candidates += leanest_generated(profile, layer_costs=layer_costs_of(profile, bandwidth=bandwidth),
-                                        num_devices=num_devices, num_microbatches=num_microbatches, options=options,
-                                        input_bytes=input_bytes, asked=asked.generator)
+        layer_costs = layer_costs_of(profile, bandwidth=bandwidth)
+        for generator in (asked.generator, asked.also):  # ``also``: the makespan plans a period search weighs
+            if generator is not None:
+                candidates += leanest_generated(profile, layer_costs=layer_costs, num_devices=num_devices,
+                                                num_microbatches=num_microbatches, options=options,
+                                                input_bytes=input_bytes, asked=generator)
     return candidates
 
 

@@ -222,8 +222,10 @@ def pool_partition_effect(pipeline) -> str:
         groups = pool_groups(plan)
         costs = job_costs(profile, groups, bandwidth=bandwidth)
         timeline = simulate(plan, costs)
-        steady = f", steady period {period(plan, costs):.3f} ms" if by_period else ""
+        stream = " (uploads on the copy stream)" if pipeline.has_gpu else ""
+        steady = f", steady period of overlapped steps {period(plan, costs):.3f} ms{stream}" if by_period else ""
         lines.append(f"  {label} cut    forward {list(groups.forward)} last {groups.last} backward "
-                     f"{list(groups.backward)}: predicted step {timeline.makespan:.3f} ms, "
+                     f"{list(groups.backward)}: predicted step {timeline.makespan:.3f} ms (one step alone, uploads "
+                     "in the compute order), "
                      f"bubble {timeline.bubble_rate:.1%}{steady}")
     return "\n".join(lines)
