@@ -36,3 +36,15 @@ def test_period_objective_picks_a_plan_with_a_shorter_period_and_makespan_the_sh
 def test_objective_errors_say_what_to_change(kwargs, message):
     with pytest.raises(ValueError, match=message):
         generate("roundrobin", num_ranks=4, num_microbatches=8, **kwargs)
+
+
+def test_period_objective_judges_over_as_many_iterations_as_the_pool_planner():
+    # over 4 iterations some plans have not settled (m=4 here: 36.25 over 4, 35.54 over 12); the runtime's
+    # planner judges over PERIOD_ITERATIONS, so the search must too, or it keeps plans the planner then drops
+    from bubbleless_schedules.generators.roundrobin_search import OBJECTIVES, PERIOD_ITERATIONS
+
+    schedule = generate("roundrobin", num_ranks=4, num_microbatches=4, layer_costs=LAYER_COSTS, objective="period")
+    costs = job_costs(LAYER_COSTS, pool_groups(schedule))
+    over = {n: pool_steady_state(schedule, costs, iterations=n).period for n in (4, PERIOD_ITERATIONS)}
+    assert over[4] != pytest.approx(over[PERIOD_ITERATIONS])  # the two counts tell this plan apart
+    assert OBJECTIVES["period"](schedule, costs) == pytest.approx(over[PERIOD_ITERATIONS])
