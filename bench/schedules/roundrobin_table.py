@@ -6,8 +6,8 @@ Per model profile (``roundpipe_profiles``), 8 devices and 16 micro-batches (Roun
 setting) and 32: our generator given the per-layer costs (it picks cut, dispatch and B or I/W) against the
 independent RoundPipe reference (``roundpipe_reference``: its rounds, aligned recompute and fused
 head, over its own partitioner's cuts *and* ours, whichever is faster), both judged by the shared
-simulator, single iteration and back to back (``simulate_steady``, async optimizer: rows placed per
-iteration by a fixed rotation or first free, the shorter period, for both). Memory: ours is
+simulator, single iteration and back to back (``simulate_steady``, async optimizer, ``STEADY`` iterations:
+rows placed per iteration by a fixed rotation or first free, the shorter period, for both). Memory: ours is
 generated within what RoundPipe's own dispatch holds per device (``rp_memory``: its peak layers of
 weights as ``weight_limit``, its peak activations as ``memory_limit``), so it fits every device budget
 RoundPipe fits; one column lifts the activation limit (RoundPipe's weights only). Lower bound:
@@ -23,6 +23,7 @@ import time
 
 from bubbleless_schedules import Kind, generate, simulate
 from bubbleless_schedules.generators.roundrobin_cut import job_costs
+from bubbleless_schedules.generators.roundrobin_search import PERIOD_ITERATIONS
 from bubbleless_schedules.roundrobin_layout import held_weights, pool_groups
 from bubbleless_schedules.simulate import peak_memory
 from bubbleless_schedules.simulate_steady import pool_steady_state, steady_state
@@ -34,6 +35,9 @@ DEVICES = 8
 MICROBATCHES = (16, 32)
 GOAL_RATIO = 0.95
 GOAL_STEADY = 0.03
+STEADY = PERIOD_ITERATIONS
+"""Iterations every steady-state figure runs back to back, ours and RoundPipe's alike: as many as the
+period objective and the pool's planner judge over (12; over 4 some plans have not settled)."""
 
 
 def rows(devices: int = DEVICES, microbatches=MICROBATCHES) -> list[dict]:
@@ -47,14 +51,15 @@ def rows(devices: int = DEVICES, microbatches=MICROBATCHES) -> list[dict]:
             seconds = time.process_time() - start
             costs = job_costs(layer_costs, pool_groups(ours))
             timeline = simulate(ours, costs)
-            ours_steady = pool_steady_state(ours, costs)  # as RoundRobinPipeline.steps runs them
+            ours_steady = pool_steady_state(ours, costs, iterations=STEADY)  # as RoundRobinPipeline.steps runs them
             theirs_any = rp.roundpipe(layer_costs, num_devices=devices, num_microbatches=m,
                                       extra_cuts=[pool_groups(ours)])
-            theirs_steady = steady_state(theirs_any.schedule, theirs_any.costs)
+            theirs_steady = steady_state(theirs_any.schedule, theirs_any.costs, iterations=STEADY)
             asynchronous = generate("roundrobin", num_ranks=devices, num_microbatches=m, layer_costs=layer_costs,
                                     objective="period", **limits)
-            asynchronous_steady = pool_steady_state(asynchronous, job_costs(layer_costs, pool_groups(asynchronous)))
-            theirs_period = min(theirs_steady.period, steady_state(theirs.schedule, theirs.costs).period)
+            asynchronous_steady = pool_steady_state(asynchronous, job_costs(layer_costs, pool_groups(asynchronous)),
+                                                    iterations=STEADY)
+            theirs_period = min(theirs_steady.period, steady_state(theirs.schedule, theirs.costs, iterations=STEADY).period)
             work = sum(s.end - s.start for s in timeline.spans)
             split_span = _makespan_or_none(layer_costs, devices, m, split_backward=True, **limits)
             fused_span = _makespan_or_none(layer_costs, devices, m, split_backward=False, **limits)
@@ -67,8 +72,8 @@ def rows(devices: int = DEVICES, microbatches=MICROBATCHES) -> list[dict]:
             uploads = with_uploads(layer_costs)
             loaded = generate("roundrobin", num_ranks=devices, num_microbatches=m, layer_costs=uploads, **limits)
             loaded_costs = job_costs(uploads, pool_groups(loaded))
-            in_order = steady_state(loaded, loaded_costs)
-            streamed = steady_state(loaded, loaded_costs, load_stream=True)
+            in_order = steady_state(loaded, loaded_costs, iterations=STEADY)
+            streamed = steady_state(loaded, loaded_costs, load_stream=True, iterations=STEADY)
             found.append({
                 "model": name, "m": m, "ours": timeline.makespan, "roundpipe": theirs.makespan,
                 "roundpipe_any_cut": theirs_any.makespan, "bound": work / devices,
@@ -87,7 +92,7 @@ def rows(devices: int = DEVICES, microbatches=MICROBATCHES) -> list[dict]:
                 "layers": len(layer_costs.forward),
                 "activations": max(peak_memory(ours)), "rp_activations": limits["memory_limit"],
                 "weights_only": simulate(weights_only, weights_only_costs).makespan,
-                "weights_only_steady": steady_state(weights_only, weights_only_costs).steady_bubble,
+                "weights_only_steady": steady_state(weights_only, weights_only_costs, iterations=STEADY).steady_bubble,
                 "weights_only_activations": max(peak_memory(weights_only)),
             })
     return found
@@ -202,7 +207,7 @@ def section() -> str:
         "larger fused group then hold many micro-batches (its peak activations are printed). "
         "RoundPipe = the independent reference over its own partitioner's cuts; RP (any cut) = the same "
         "dispatch also given our cut (the ratio uses this stronger one). Bubble = idle share of makespan x "
-        "devices; steady = back-to-back iterations (the one-step-stale optimizer), ours as our executor "
+        f"devices; steady = {STEADY} back-to-back iterations (the one-step-stale optimizer), ours as our executor "
         "overlaps them (`RoundRobinPipeline.steps`, `simulate_steady.pool_steady_state`: each iteration's rows "
         "go first free, the rows that start first to the devices that end the previous iteration first, two "
         "iterations in flight at most), RoundPipe's the shorter period of that rule, unbounded, and every fixed "
