@@ -34,6 +34,10 @@ RESULTS = ROOT / "bench" / "results" / "measured_microbatch_sweep.md"
 OURS = ("zbv", "zbv-mem")
 GOAL = 1.1
 """Issue 10's goal: zbv at least 1.1x torch 1F1B's tokens/s at the same memory."""
+COUNTS = "2,4,8"
+"""``--microbatches`` unless given."""
+SYSTEMS = "zbv,zbv-mem,bubbleless-1f1b,1f1b"
+"""``--systems`` unless given."""
 
 
 def parse_counts(text: str) -> tuple[int, ...]:
@@ -70,10 +74,15 @@ def measure_count(scenario: Scenario, *, progress=None) -> dict:
     try:  # the rounds above are the record; a probe that dies costs only the held column
         held = breakdown(scenario, scenario.seq_len, [s for s in (*OURS, "1f1b") if s in scenario.systems])
     except Exception as error:  # noqa: BLE001 - reported in the JSON, the table shows no held ratio
-        held = {"error": f"{type(error).__name__}: {str(error)[:400]}"}
+        held = {"error": _error_text(error)}
     return {"microbatches": scenario.microbatches, "micro_batch": scenario.micro_batch,
             "simulated_unit": simulated_ratio(scenario), "cut": cut.as_dict() if cut else None,
             "losses_equal": all(equal.values()) if equal else None, "systems": systems, "memory": held}
+
+
+def _error_text(error: Exception) -> str:
+    """How the record keeps an error that cost a row or a column: its type and the start of its message."""
+    return f"{type(error).__name__}: {str(error)[:400]}"
 
 
 def held_ratio(row: dict, name: str) -> float | None:
@@ -198,8 +207,7 @@ def run_counts(runs: list[Scenario], *, progress=None, done=None) -> list[dict]:
         try:
             rows.append(measure_count(scenario, progress=progress))
         except Exception as error:  # noqa: BLE001 - recorded in the row; the other counts still run
-            rows.append({"microbatches": scenario.microbatches,
-                         "error": f"{type(error).__name__}: {str(error)[:400]}"})
+            rows.append({"microbatches": scenario.microbatches, "error": _error_text(error)})
         if done is not None:
             done(rows)
     return rows
@@ -214,10 +222,9 @@ def main(argv=None) -> int:
     parser.add_argument("--scenario", type=Path, help="a YAML file under bench/scenarios/")
     parser.add_argument("--render", type=Path, default=None,
                         help="re-write the markdown from a sweep's JSON (its meta kept), running nothing")
-    parser.add_argument("--microbatches", default=None, help="comma-separated micro-batch counts (default 2,4,8)")
+    parser.add_argument("--microbatches", default=None, help=f"comma-separated micro-batch counts (default {COUNTS})")
     parser.add_argument("--systems", default=None,
-                        help="comma-separated; must hold 1f1b and zbv or zbv-mem (default zbv,zbv-mem,"
-                             "bubbleless-1f1b,1f1b)")
+                        help=f"comma-separated; must hold 1f1b and zbv or zbv-mem (default {SYSTEMS})")
     parser.add_argument("--rounds", type=int, default=None, help="rounds per m (default: the scenario's)")
     parser.add_argument("--out", type=Path, default=RESULTS,
                         help="markdown path, JSON beside it (default: the tracked record, which --render rewrites)")
@@ -240,11 +247,10 @@ def main(argv=None) -> int:
     if args.scenario is None:
         parser.error("give --scenario bench/scenarios/NAME.yaml (or --render SWEEP.json)")
     try:
-        systems = args.systems or "zbv,zbv-mem,bubbleless-1f1b,1f1b"
-        base = load_scenario(args.scenario).with_(systems=tuple(systems.split(",")))
+        base = load_scenario(args.scenario).with_(systems=tuple((args.systems or SYSTEMS).split(",")))
         if args.rounds is not None:
             base = base.with_(rounds=args.rounds)
-        runs = scenarios(base, parse_counts(args.microbatches or "2,4,8"))
+        runs = scenarios(base, parse_counts(args.microbatches or COUNTS))
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

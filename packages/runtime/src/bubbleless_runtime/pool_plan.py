@@ -42,9 +42,8 @@ from torch import nn
 
 from bubbleless_partition import LayerCost, Partition, Profile, cut
 from bubbleless_schedules import Costs, Schedule, generate, validate
-from bubbleless_schedules.generators.roundrobin_search import PERIOD_ITERATIONS, objective_judge
+from bubbleless_schedules.generators.roundrobin_search import PERIOD_ITERATIONS, objective_judge, period_judge
 from bubbleless_schedules.roundrobin_layout import PoolGroups, pool_groups
-from bubbleless_schedules.simulate_steady import pool_steady_state
 
 from .arguments import check_microbatches
 from .auto_partition import measure
@@ -186,10 +185,7 @@ def plan_judge(objective: str, *, load_stream: bool = False):
     makespan (``simulate``), or the steady period of ``JUDGED_ITERATIONS`` steps as ``steps`` overlaps them
     (``pool_steady_state``), with ``load_stream`` (a pool with a GPU) the uploads on the copy stream."""
     judge = objective_judge(objective)  # an unknown objective is refused here
-    if objective != "period":
-        return judge
-    return lambda schedule, costs: pool_steady_state(schedule, costs, iterations=JUDGED_ITERATIONS,
-                                                     load_stream=load_stream).period
+    return period_judge(load_stream=load_stream) if objective == "period" else judge
 
 
 def auto_groups(profile: Profile, *, num_devices: int, num_microbatches: int, name: str, options: dict,

@@ -440,9 +440,17 @@ left: 0.35%). Judged over 4 the search kept such plans, which the planner, judgi
 away for a makespan plan: at 32 micro-batches on those GPUs the pool's modelled tokens/s rose 6.4%
 (50,882 -> 54,115) once the search judged over 12 (Llama-3.1-8B and Qwen3-32B unchanged, 2026-12-07)."""
 
+def period_judge(*, load_stream: bool = False):
+    """``judge(schedule, costs)``: the steady period of ``PERIOD_ITERATIONS`` back-to-back iterations
+    (``pool_steady_state``), with ``load_stream`` the uploads on a copy stream (a GPU pool's planner asks
+    for that; the generator knows no GPU and judges without)."""
+    return lambda schedule, costs: pool_steady_state(schedule, costs, iterations=PERIOD_ITERATIONS,
+                                                     load_stream=load_stream).period
+
+
 OBJECTIVES = {
     "makespan": simulated_makespan,
-    "period": lambda schedule, costs: pool_steady_state(schedule, costs, iterations=PERIOD_ITERATIONS).period,
+    "period": period_judge(),
 }
 """What the simulator judges the finalists by: one iteration's makespan (``RoundRobinPipeline.step``), or
 the steady-state period of ``PERIOD_ITERATIONS`` back-to-back iterations as ``RoundRobinPipeline.steps``
