@@ -6,9 +6,9 @@ shift; the default keeps the shorter period of both, and stage-bound schedules k
 import pytest
 
 from bubbleless_schedules import Costs, generate, simulate
-from bubbleless_schedules.generators import roundrobin_search
 from bubbleless_schedules.generators.roundrobin_cut import job_costs
 from bubbleless_schedules.roundrobin_layout import PoolGroups, pool_groups
+from bubbleless_schedules.schedule import Schedule
 from bubbleless_schedules.simulate_steady import _Run, first_free_placements, steady_state
 
 
@@ -27,18 +27,24 @@ def test_first_free_deals_rows_in_start_order_to_devices_in_free_order():
     assert placements == [(0, 1, 2), (2, 0, 1), (0, 1, 2)]
 
 
+# A plan of the roundrobin generator, kept as text so that this file tests the placement rule, not the search:
+# B and R about 2.1x F, as RoundPipe-like profiles, cut (3,) / 6 / (1, 1, 1) with its fill splits. The generator
+# made it before the re-cut of the grown fused group (evened_forward, c517d84) and before its idle check ran
+# four iterations back to back (it now returns (2, 2) / 5 / (1, 1, 2), on which the rule ties a shift at 113.9).
+POOL_PLAN = """\
+# bubbleless-schedule name=roundrobin stages=5 microbatches=8 layout=roundrobin meta.forward_layers=3 meta.last_layers=6 meta.backward_layers=1,1,1
+0LOAD,0F0,0F1,0F2,0F3,0F4,0F5,0F6,0F7,2LOAD,2R0,2I0,2R4,2W0,2I4,2W4,2R1,2I1,2R5,2I5,2W1,2W5,2R2,2I2,2R6,2I6,2W2,2W6,2R3,2I3,2R7,2I7,2W3,2W7,2STORE,3LOAD,3R1,3I1,3R5,3I5,3W1,3W5,3R3,3I3,3R7,3I7,3W3,3W7,3STORE,4LOAD,4R1,4I1,4R5,4I5,4W1,4W5,4STORE
+1LOAD,1F0,1I0,1F3,1I3,1F6,1I6,1W0,1W3,1W6,1STORE,4LOAD,4R2,4I2,4R6,4I6,4W2,4W6,4STORE
+1LOAD,1F1,1I1,1F4,1I4,1F7,1I7,1W1,1W4,1W7,1STORE
+1LOAD,1F2,1I2,1F5,1I5,1W2,1W5,1STORE,3LOAD,3R0,3I0,3R4,3I4,3W0,3W4,3R2,3I2,3R6,3I6,3W2,3W6,3STORE,4LOAD,4R0,4I0,4R4,4I4,4W0,4W4,4R3,4I3,4R7,4I7,4W3,4W7,4STORE
+"""
+LAYER_COSTS = Costs([1.0] * 8 + [3.0], [2.1] * 8 + [3.0], [2.1] * 8 + [3.0], 0.1)
+
+
 def pool_schedule():
-    # B and R about 2.1x F, as RoundPipe-like profiles (with B = R = 1.1 F the generator's plan since the fill
-    # split, ac10e63, ties the first-free rule with a shift). The search's re-cut of the grown fused group
-    # (evened_forward, c517d84) finds a faster plan here (makespan 120.7 -> 117.7) on which the rule comes
-    # second to a shift (115.4 against 115.13), so the plan of before, (3,) / 6 / (1, 1, 1) with its splits,
-    # is asked for with the re-cut turned off: the rule must still beat every shift where it can.
-    layer_costs = Costs([1.0] * 8 + [3.0], [2.1] * 8 + [3.0], [2.1] * 8 + [3.0], 0.1)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(roundrobin_search, "evened_forward", lambda groups, count: None)
-        schedule = generate("roundrobin", num_ranks=4, num_microbatches=8, layer_costs=layer_costs)
+    schedule = Schedule.from_csv(POOL_PLAN)
     assert pool_groups(schedule) == PoolGroups(forward=(3,), last=6, backward=(1, 1, 1))
-    return schedule, job_costs(layer_costs, pool_groups(schedule))
+    return schedule, job_costs(LAYER_COSTS, pool_groups(schedule))
 
 
 def test_first_free_beats_every_fixed_shift_and_the_default_keeps_it():

@@ -383,12 +383,14 @@ def _keep_first_accepted(ranked: list, before: int, accepts, *, tries: int) -> N
 
 ACCEPT_TRIES = 4
 """Job splits whose fastest plan the widest drain's ``_keep_first_accepted`` checks back to back, best
-first (each check a simulation and a steady-state run of two iterations)."""
+first (each check a simulation and a steady-state run of four iterations)."""
 
 
-STEADY_CHECK = {"rotate": True, "iterations": 2}
-"""``steady_state`` options of the check in ``no_idler_than``: the first-free placement over two
-iterations (about a fifth of the time of every shift over four, at 95 layers and 32 micro-batches)."""
+STEADY_CHECK = {"rotate": True, "iterations": 4}
+"""``steady_state`` options of the check in ``no_idler_than``: the first-free placement over four
+iterations, the fewest whose period (``_period_span``) is taken over an even span from iteration 1 on. Over
+two the span is iteration 0's end to 1's, and a plan that ends iterations in pairs (two in flight) gets
+period 0, bubble 0, and passes any check."""
 
 
 def judged(entry, weight_transfers: bool, judge, figures: dict) -> float:
