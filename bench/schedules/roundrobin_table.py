@@ -23,7 +23,7 @@ import time
 
 from bubbleless_schedules import Kind, generate, simulate
 from bubbleless_schedules.generators.roundrobin_cut import job_costs
-from bubbleless_schedules.generators.roundrobin_search import PERIOD_ITERATIONS
+from bubbleless_schedules.generators.roundrobin_judge import PERIOD_ITERATIONS
 from bubbleless_schedules.roundrobin_layout import held_weights, pool_groups
 from bubbleless_schedules.simulate import peak_memory
 from bubbleless_schedules.simulate_steady import pool_steady_state, steady_state

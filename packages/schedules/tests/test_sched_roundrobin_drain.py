@@ -5,7 +5,7 @@ layout's whole-schedule rule table (``RoundRobinLayout.rule_rows``) the simulato
 import pytest
 
 from bubbleless_schedules import Costs, generate, simulate, validate
-from bubbleless_schedules.generators import roundrobin_search
+from bubbleless_schedules.generators import roundrobin_judge, roundrobin_search
 from bubbleless_schedules.generators.roundrobin_cut import job_costs
 from bubbleless_schedules.layouts import layout_of
 from bubbleless_schedules.roundrobin_layout import pool_groups
@@ -62,7 +62,7 @@ def test_the_widest_drain_shortens_the_step_and_idles_no_more_back_to_back(monke
     figures = {}
     for name, s in (("ours", ours), ("before", before)):
         costs = job_costs(QWEN3_32B_LIKE, pool_groups(s))
-        figures[name] = (simulate(s, costs).makespan, steady_state(s, costs, **roundrobin_search.STEADY_CHECK))
+        figures[name] = (simulate(s, costs).makespan, steady_state(s, costs, **roundrobin_judge.STEADY_CHECK))
     assert figures["ours"][0] < figures["before"][0] - 2.0, figures
     assert figures["ours"][1].steady_bubble <= figures["before"][1].steady_bubble + 1e-9
     assert len(_devices_of(ours, pool_groups(ours).num_stages - 1)) > 4

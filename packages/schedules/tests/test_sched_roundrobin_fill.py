@@ -4,7 +4,7 @@
 import pytest
 
 from bubbleless_schedules import generate, simulate, validate
-from bubbleless_schedules.generators import roundrobin_search
+from bubbleless_schedules.generators import roundrobin_judge, roundrobin_search
 from bubbleless_schedules.generators.roundrobin_cut import job_costs
 from bubbleless_schedules.roundrobin_layout import PoolGroups, pool_groups
 from bubbleless_schedules.simulate_steady import steady_state
@@ -59,7 +59,7 @@ def test_the_fill_and_second_refinement_shorten_the_step_and_idle_no_more_back_t
     ours, before = generate("roundrobin", **options), without_fill(**options)
     validate(ours)
     timings = {name: (simulate(s, job_costs(QWEN3_32B_LIKE, pool_groups(s))).makespan,
-                      steady_state(s, job_costs(QWEN3_32B_LIKE, pool_groups(s)), **roundrobin_search.STEADY_CHECK))
+                      steady_state(s, job_costs(QWEN3_32B_LIKE, pool_groups(s)), **roundrobin_judge.STEADY_CHECK))
                for name, s in (("ours", ours), ("before", before))}
     assert timings["ours"][0] < timings["before"][0] - 3.0, timings  # 548.7 against 554.3
     assert timings["ours"][1].steady_bubble <= timings["before"][1].steady_bubble + 1e-9

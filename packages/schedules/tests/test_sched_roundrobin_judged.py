@@ -4,7 +4,7 @@ duplicate widest-drain candidate where the drain already ends on every device (`
 import pytest
 
 from bubbleless_schedules import generate, validate
-from bubbleless_schedules.generators import roundrobin_search
+from bubbleless_schedules.generators import roundrobin_judge, roundrobin_search
 
 from .test_sched_roundrobin_refine import profile
 
@@ -12,13 +12,13 @@ from .test_sched_roundrobin_refine import profile
 @pytest.mark.parametrize("objective", ["makespan", "period"])
 def test_each_finalist_is_simulated_once_per_search(monkeypatch, objective):
     judged = []
-    real = roundrobin_search.OBJECTIVES[objective]
+    real = roundrobin_judge.OBJECTIVES[objective]
 
     def counting(schedule, costs):
         judged.append(id(schedule))  # no transfers inserted: the entry's own schedule, so one id per entry
         return real(schedule, costs)
 
-    monkeypatch.setitem(roundrobin_search.OBJECTIVES, objective, counting)
+    monkeypatch.setitem(roundrobin_judge.OBJECTIVES, objective, counting)
     ours = generate("roundrobin", num_ranks=4, num_microbatches=8, layer_costs=profile(12, 3.0, 2.6),
                     weight_transfers=False, objective=objective)
     validate(ours)

@@ -41,7 +41,7 @@ def test_objective_errors_say_what_to_change(kwargs, message):
 def test_period_objective_judges_over_as_many_iterations_as_the_pool_planner():
     # over 4 iterations some plans have not settled (m=4 here: 36.25 over 4, 35.54 over 12); the runtime's
     # planner judges over PERIOD_ITERATIONS, so the search must too, or it keeps plans the planner then drops
-    from bubbleless_schedules.generators.roundrobin_search import OBJECTIVES, PERIOD_ITERATIONS
+    from bubbleless_schedules.generators.roundrobin_judge import OBJECTIVES, PERIOD_ITERATIONS
 
     schedule = generate("roundrobin", num_ranks=4, num_microbatches=4, layer_costs=LAYER_COSTS, objective="period")
     costs = job_costs(LAYER_COSTS, pool_groups(schedule))

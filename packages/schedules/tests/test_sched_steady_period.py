@@ -34,9 +34,9 @@ def test_period_span_is_even_from_iteration_one_when_there_are_enough(iterations
 
 
 def test_the_search_s_idle_check_runs_enough_iterations_to_see_pairs():
-    # roundrobin_search.no_idler_than compares plans' steady bubbles under STEADY_CHECK; with 2 iterations the
+    # roundrobin_judge.no_idler_than compares plans' steady bubbles under STEADY_CHECK; with 2 iterations the
     # span is iteration 0's end to 1's, so a plan that ends them in pairs got period 0 and always passed
-    from bubbleless_schedules.generators.roundrobin_search import STEADY_CHECK
+    from bubbleless_schedules.generators.roundrobin_judge import STEADY_CHECK
     from bubbleless_schedules.simulate_steady import steady_state
 
     state = steady_state(ONE_JOB, Costs.unit(), **STEADY_CHECK)

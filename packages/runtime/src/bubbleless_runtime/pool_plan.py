@@ -17,7 +17,7 @@
   more candidate, kept when the simulator says it is faster. Under a memory cap every candidate is held
   to the bytes a device may hold (``pool_plan_cap``); the generator's plans tried are its own and, for
   its own dispatch and each leaner one, that of the largest ``weight_limit`` that fits.
-  ``objective`` among the options (``roundrobin_search.OBJECTIVES``) is what "fastest" means:
+  ``objective`` among the options (``roundrobin_judge.OBJECTIVES``) is what "fastest" means:
   ``"makespan"`` (the default) one step's, ``"period"`` the steady-state period of the overlapped steps
   ``RoundRobinPipeline.steps`` runs under the asynchronous optimizer (``simulate_steady.pool_steady_state``),
   which ``RoundRobinPipeline`` asks for by default with ``optimizer={..., "asynchronous": True}``. It
@@ -42,7 +42,7 @@ from torch import nn
 
 from bubbleless_partition import LayerCost, Partition, Profile, cut
 from bubbleless_schedules import Costs, Schedule, generate, validate
-from bubbleless_schedules.generators.roundrobin_search import PERIOD_ITERATIONS, objective_judge, period_judge
+from bubbleless_schedules.generators.roundrobin_judge import PERIOD_ITERATIONS, objective_judge, period_judge
 from bubbleless_schedules.roundrobin_layout import PoolGroups, pool_groups
 
 from .arguments import check_microbatches
@@ -177,7 +177,7 @@ def objective_of(options: dict) -> tuple[str, dict]:
 
 JUDGED_ITERATIONS = PERIOD_ITERATIONS
 """Steps ``plan_judge`` runs back to back for a period: as many as the generator's own ``objective="period"``
-judges its finalists over (``roundrobin_search.PERIOD_ITERATIONS``, which says why 12)."""
+judges its finalists over (``roundrobin_judge.PERIOD_ITERATIONS``, which says why 12)."""
 
 
 def plan_judge(objective: str, *, load_stream: bool = False):

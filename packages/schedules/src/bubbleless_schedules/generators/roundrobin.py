@@ -45,7 +45,7 @@ Options (all optional):
   runs faster for the chosen plan (``roundrobin_search``; B on a tie); True forces I/W, False keeps B.
   The pool executor runs both (``bubbleless_runtime.pool_split``).
 - ``objective``: with ``layer_costs``, what the simulator judges the search's finalists by
-  (``roundrobin_search.OBJECTIVES``): ``"makespan"`` (default) one iteration, as ``RoundRobinPipeline.step``
+  (``roundrobin_judge.OBJECTIVES``): ``"makespan"`` (default) one iteration, as ``RoundRobinPipeline.step``
   runs it; ``"period"`` the steady-state period of back-to-back iterations as ``RoundRobinPipeline.steps``
   overlaps them (``simulate_steady.pool_steady_state``).
 """
@@ -62,7 +62,8 @@ from ..registry import register
 from ..roundrobin_layout import PoolGroups
 from ..schedule import Schedule
 from .roundrobin_cut import check_layer_costs
-from .roundrobin_search import objective_judge, search
+from .roundrobin_judge import objective_judge
+from .roundrobin_search import search
 
 
 @register("roundrobin")

@@ -34,7 +34,7 @@ prefetches its next job into the room it leaves), and refused when a device woul
 weights at once. The best ``FINALISTS`` and the best unsplit plan, weight transfers inserted, are simulated under
 the per-job costs the layer costs sum to (LOAD/STORE included), and the fastest within ``memory_limit``
 wins (the first on a tie, so the result is deterministic). With ``objective="period"`` the simulator
-judges these finalists by their steady-state period instead (``OBJECTIVES``); the ranking before it is
+judges these finalists by their steady-state period instead (``roundrobin_judge.OBJECTIVES``); the ranking before it is
 the list scheduler's makespan either way.
 
 Split backward (``split_backward``): True searches with every gradient job's B dispatched as I and W
@@ -57,14 +57,13 @@ from __future__ import annotations
 import math
 
 from ..costs import Costs
-from ..lowering import add_weight_transfers
 from ..roundrobin_layout import PoolGroups, held_weights
 from ..schedule import Schedule
-from ..simulate import peak_memory, simulated_makespan
-from ..simulate_steady import pool_steady_state, steady_state
+from ..simulate import peak_memory
 from . import roundrobin_refine
 from .roundrobin_cut import candidate_cuts, job_costs, with_last
 from .roundrobin_dispatch import SPLITS, JobTimes, list_dispatch, split_parts
+from .roundrobin_judge import fastest, no_idler_than, objective_judge, with_transfers
 
 AHEADS = (1, 2)
 """Recompute look-ahead tried by default: 1 holds one micro-batch's activations per device, as RoundPipe."""
@@ -88,7 +87,7 @@ def dispatched(groups: PoolGroups, layer_costs: Costs, *, num_devices: int, num_
                                    parts=parts, assignment=assignment)
     schedule = Schedule(rows, num_stages=groups.num_stages, num_microbatches=num_microbatches, stage_to_rank=None,
                         name="roundrobin", layout="roundrobin", meta=groups.meta())
-    return _with_transfers(schedule, weight_transfers), costs, makespan
+    return with_transfers(schedule, weight_transfers), costs, makespan
 
 
 def least_peak(groups: PoolGroups, num_devices: int) -> float:
@@ -138,7 +137,7 @@ def timed_search(layer_costs: Costs, *, num_devices: int, num_microbatches: int,
     makespan; the best ``FINALISTS`` of all are judged by the simulator, with transfers.
     ``split_backward``: True I/W, False B, None the faster of the two for the winner (module docstring).
     ``budget``: actions the list scheduler may dispatch (default ``SEARCH_BUDGET``).
-    ``objective``: what the simulator judges the finalists by (``OBJECTIVES``).
+    ``objective``: what the simulator judges the finalists by (``roundrobin_judge.OBJECTIVES``).
     ``plans``: the list scheduler's plans so far (``build``), shared with the I/W search that follows.
     Returns the plan and its time by that judge (so the I/W search's is not simulated again)."""
     budget = SEARCH_BUDGET if budget is None else budget
@@ -317,8 +316,8 @@ def timed_search(layer_costs: Costs, *, num_devices: int, num_microbatches: int,
         ranked = sorted({id(e): e for branch in branches for e in branch}.values(), key=_rank)
     # the simulator (LOAD/STORE costs included) judges the best FINALISTS and the best unsplit, of the split
     # search's alone and of every branch's; each of the two winners then tries I and W (below)
-    first = _fastest(finalists(branches[0], unsplit), weight_transfers, judge, figures)
-    winner, schedule, makespan = _fastest(finalists(ranked, unsplit, *branches), weight_transfers, judge, figures)
+    first = fastest(finalists(branches[0], unsplit), weight_transfers, judge, figures)
+    winner, schedule, makespan = fastest(finalists(ranked, unsplit, *branches), weight_transfers, judge, figures)
     if split_backward is None:  # the winners' cut and job split with I and W under every look-ahead; the
         looks = [(a, n) for a in aheads for n in ((0, num_microbatches) if ahead is None else (0,))]
         first_spent = None
@@ -327,7 +326,7 @@ def timed_search(layer_costs: Costs, *, num_devices: int, num_microbatches: int,
             split = [e for e in (build(order, a, n, split_job, True) for a, n in looks) if e is not None]
             first_spent = spent if first_spent is None else first_spent  # the second winner's on top of the budget
             if split:
-                _, split_schedule, split_makespan = _fastest([min(split, key=_rank)], weight_transfers, judge,
+                _, split_schedule, split_makespan = fastest([min(split, key=_rank)], weight_transfers, judge,
                                                              figures)
                 if split_makespan < makespan - 1e-9:  # B on a tie
                     schedule, makespan = split_schedule, split_makespan
@@ -346,28 +345,6 @@ def timed_search(layer_costs: Costs, *, num_devices: int, num_microbatches: int,
     return schedule, makespan
 
 
-def no_idler_than(base, weight_transfers: bool, judge, figures: dict):
-    """A test of entries against ``base``: whether one simulates faster by ``judge`` (``OBJECTIVES``,
-    transfers inserted) and idles no more than it back to back (``STEADY_CHECK``). A fill or drain dealt
-    over more devices ends one iteration sooner, but the devices then start or free at once, where the
-    next iteration's fill needs them a forward job apart (so its steady-state bubble may grow; such a plan
-    is refused). ``figures`` keeps each entry's time and steady bubble once computed (``_figures_of``; the
-    entry kept so its id is not reused), for the tests of one search."""
-
-    def bubble(entry) -> float:
-        known = _figures_of(entry, figures)
-        if known[2] is None:
-            known[2] = steady_state(_lowered(entry, weight_transfers, figures), entry[4], **STEADY_CHECK).steady_bubble
-        return known[2]
-
-    def accepts(entry) -> bool:
-        if judged(entry, weight_transfers, judge, figures) >= judged(base, weight_transfers, judge, figures) - 1e-9:
-            return False
-        return bubble(entry) <= bubble(base) + 1e-9
-
-    return accepts
-
-
 def _keep_first_accepted(ranked: list, before: int, accepts, *, tries: int) -> None:
     """Of the entries from ``before`` on, keep only the fastest (by ``_rank``) that ``accepts``, trying the
     best of each job split in turn (a split's faster cuts idle alike back to back), ``tries`` of them at
@@ -384,88 +361,6 @@ def _keep_first_accepted(ranked: list, before: int, accepts, *, tries: int) -> N
 ACCEPT_TRIES = 4
 """Job splits whose fastest plan the widest drain's ``_keep_first_accepted`` checks back to back, best
 first (each check a simulation and a steady-state run of four iterations)."""
-
-
-STEADY_CHECK = {"rotate": True, "iterations": 4}
-"""``steady_state`` options of the check in ``no_idler_than``: the first-free placement over four
-iterations, the fewest whose period (``_period_span``) is taken over an even span from iteration 1 on. Over
-two the span is iteration 0's end to 1's, and a plan that ends iterations in pairs (two in flight) gets
-period 0, bubble 0, and passes any check."""
-
-
-def judged(entry, weight_transfers: bool, judge, figures: dict) -> float:
-    """``entry``'s time by ``judge`` (``OBJECTIVES``), weight transfers inserted, simulated once per search:
-    ``figures`` keeps it (``_figures_of``; the entry kept so its id is not reused), as
-    the grown branch's finalists and the main branch's are judged twice (``first`` and ``winner``)."""
-    known = _figures_of(entry, figures)
-    if known[1] is None:
-        known[1] = judge(_lowered(entry, weight_transfers, figures), entry[4])
-    return known[1]
-
-
-def _figures_of(entry, figures: dict) -> list:
-    """``entry``'s record in ``figures`` ([entry, time, steady bubble, lowered schedule], None until computed),
-    made on first use."""
-    return figures.setdefault(id(entry), [entry, None, None, None])
-
-
-def _lowered(entry, weight_transfers: bool, figures: dict) -> Schedule:
-    """``entry``'s schedule with LOAD/STORE inserted when ``weight_transfers`` (``_with_transfers``), made once
-    per search and kept in its ``figures`` record: its time, its steady bubble and the winner all need it
-    (one search asks for one ``weight_transfers`` throughout)."""
-    known = _figures_of(entry, figures)
-    if known[3] is None:
-        known[3] = _with_transfers(entry[3], weight_transfers)
-    return known[3]
-
-
-def _with_transfers(schedule: Schedule, weight_transfers: bool) -> Schedule:
-    """``schedule`` with LOAD/STORE inserted (``lowering.add_weight_transfers``) when ``weight_transfers``."""
-    return add_weight_transfers(schedule) if weight_transfers else schedule
-
-
-def _fastest(entries: list, weight_transfers: bool, judge, figures: dict) -> tuple:
-    """(entry, schedule, time) of the entry the simulator runs fastest by ``judge`` (``OBJECTIVES``), weight
-    transfers inserted (the first on a tie, so the result is deterministic); times kept in ``figures``
-    (``judged``)."""
-    time, index = min((judged(e, weight_transfers, judge, figures), i) for i, e in enumerate(entries))
-    winner = entries[index]
-    return winner, _lowered(winner, weight_transfers, figures), time
-
-
-PERIOD_ITERATIONS = 12
-"""Iterations ``objective="period"`` runs back to back for a period (``RoundRobinPipeline``'s planner judges
-its plans over as many). Four are short of the steady state on some plans: 8 RTX 4090s, Qwen3-1.7B at 16
-micro-batches (bench/modelled), the plan (27,) / 3 / (9, 9, 9) simulates a period of 1335.2 ms over 4 and
-1444.7 over 12, where the makespan plan's is 1418.6 over both; over 12 the ranking matches 24 (the ramp
-left: 0.35%). Judged over 4 the search kept such plans, which the planner, judging over 12, then threw
-away for a makespan plan: at 32 micro-batches on those GPUs the pool's modelled tokens/s rose 6.4%
-(50,882 -> 54,115) once the search judged over 12 (Llama-3.1-8B and Qwen3-32B unchanged, 2026-12-07)."""
-
-def period_judge(*, load_stream: bool = False):
-    """``judge(schedule, costs)``: the steady period of ``PERIOD_ITERATIONS`` back-to-back iterations
-    (``pool_steady_state``), with ``load_stream`` the uploads on a copy stream (a GPU pool's planner asks
-    for that; the generator knows no GPU and judges without)."""
-    return lambda schedule, costs: pool_steady_state(schedule, costs, iterations=PERIOD_ITERATIONS,
-                                                     load_stream=load_stream).period
-
-
-OBJECTIVES = {
-    "makespan": simulated_makespan,
-    "period": period_judge(),
-}
-"""What the simulator judges the finalists by: one iteration's makespan (``RoundRobinPipeline.step``), or
-the steady-state period of ``PERIOD_ITERATIONS`` back-to-back iterations as ``RoundRobinPipeline.steps``
-overlaps them (``simulate_steady.pool_steady_state``: first free, two in flight; a plan whose drain
-staggers the devices' ends fills the next iteration's fill, which a drain dealt over more devices,
-``TAIL_SPLITS``, shortens for one iteration)."""
-
-
-def objective_judge(objective: str):
-    """The ``OBJECTIVES`` entry named ``objective``; a ValueError naming the choices otherwise."""
-    if not isinstance(objective, str) or objective not in OBJECTIVES:
-        raise ValueError(f"roundrobin option objective={objective!r}: choose one of {', '.join(OBJECTIVES)}")
-    return OBJECTIVES[objective]
 
 
 GROWN_LAST = (0.125, 0.2, 0.3, 0.4, 0.5, 0.65, 0.8)
