@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 
 import pytest
 
@@ -106,3 +107,23 @@ def test_rt_pool_report_says_what_the_plans_were_ranked_by():
     assert "steady period of overlapped steps 352.578 ms" in text and "(one step alone, uploads in the compute order)" in text
     assert "the fastest simulated kept" in pool_partition_effect(single)
     assert "steady period" not in pool_partition_effect(single)
+
+
+def _quietly(call, *args):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        return call(*args)
+
+
+def test_rt_pool_first_single_step_of_a_plan_made_for_overlapped_steps_warns_once():
+    batch = tiny_batch(8, seed=1)
+    pipe = _pool(tiny_model(8))  # asynchronous, no objective asked: planned by the period
+    with pytest.warns(UserWarning, match=r"step\(\) runs one step at a time.*pipe.steps\(batches\).*"
+                                         r"schedule_options=\{'objective': 'makespan'\}"):
+        pipe.step(*batch)
+    _quietly(pipe.step, *batch)  # once per pipeline
+    for options, asynchronous in (({"objective": "period"}, True), ({"objective": "makespan"}, True), (None, False)):
+        _quietly(_pool(tiny_model(8), options, asynchronous).step, *batch)  # asked, or single steps anyway
+    overlapping = _pool(tiny_model(8))
+    _quietly(lambda: list(overlapping.steps([batch, batch])))
+    _quietly(overlapping.step, *batch)  # a step() between overlapped runs is no mistake

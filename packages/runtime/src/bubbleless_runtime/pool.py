@@ -21,7 +21,8 @@ steps (``objective="period"``), which is what ``steps`` (and the Trainer, betwee
 saves) runs; a plan that wins there may take longer for one step alone (the tiny bench profile on 2 CPU
 devices: the whole model as one job, period 352.6 ms, one step 705.2 ms, where the makespan plan steps in
 360.9 ms), so a loop of ``step`` calls, or ``steps`` over a few batches at a time, should ask for
-``objective="makespan"``.
+``objective="makespan"``. The first ``step()`` of a pipeline planned so unasked warns once
+(``SINGLE_STEP_WARNING``), unless ``steps`` ran first.
 
 Every weight, gradient and optimizer state lives in host memory (``bubbleless_offload.HostStore``); the
 devices are a pool of stateless workers, one thread each, running the jobs the ``roundrobin`` schedule
@@ -60,6 +61,7 @@ is applied, once, at the end of the next step that succeeds.
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
@@ -105,6 +107,18 @@ def _devices(devices) -> list[torch.device]:
             raise ValueError(f"device {d!r}: the pool runs on 'cpu' and 'cuda' devices (ROCm builds name theirs cuda)")
         resolved.append(device)
     return resolved
+
+
+SINGLE_STEP_WARNING = (
+    "RoundRobinPipeline: with the asynchronous optimizer, partition='auto' planned for overlapped steps "
+    "(objective='period'), but step() runs one step at a time, where that plan may be slower than the one "
+    "planned for single steps; iterate over pipe.steps(batches) to overlap them, or construct the pipeline "
+    "with schedule_options={'objective': 'makespan'} (or {'objective': 'period'} to keep this plan and "
+    "silence this warning)"
+)
+"""Warned once, at the first ``step()`` of a pipeline planned for overlapped steps without being asked to
+(the module docstring: the tiny bench profile's period plan steps alone in 705.2 ms, the makespan plan in
+360.9)."""
 
 
 class RoundRobinPipeline:
@@ -155,6 +169,7 @@ class RoundRobinPipeline:
         self.stage_costs: Costs | None = costs
         self.input_bytes = _copied_input_bytes(sample_input, self.devices)
         self.plan_objective: str | None = None  # what partition="auto" ranked its plans by (``_plan``)
+        self._warn_single_steps = False  # planned for overlapped steps unasked: say so at the first step()
         self.schedule = self._plan(schedule, partition, sample_input, costs, dict(schedule_options or {}),
                                    overlapped=_asks_asynchronous(optimizer))
         self.groups: PoolGroups = pool_groups(self.schedule)
@@ -198,6 +213,7 @@ class RoundRobinPipeline:
             # auto_groups holds the plan to 2 x cap = the budget, over the walk check_fits makes below
             cap = None if self.memory_budget is None else self.memory_budget / 2
             if overlapped:  # steps overlap under the asynchronous optimizer: rank plans by their period
+                self._warn_single_steps = "objective" not in options
                 options = {"objective": "period", **options}  # the caller's own objective wins
             self.plan_objective = options.get("objective", "makespan")
             groups, generated, self.stage_costs = pool_plan.auto_groups(
@@ -230,6 +246,9 @@ class RoundRobinPipeline:
         check_batch(inputs, targets, self.num_microbatches)
         autocast = _autocast_dtype(self.devices)
         check_step_precision(self.precision, autocast)
+        if self._warn_single_steps:
+            self._warn_single_steps = False
+            warnings.warn(SINGLE_STEP_WARNING, UserWarning, stacklevel=2)
         micro_inputs = split_batch(inputs, self.num_microbatches, torch.device("cpu"))
         micro_targets = split_batch(targets, self.num_microbatches, torch.device("cpu"))
         if self.optimizer is None:  # each step's gradients go into .grad; a host optimizer zeroes its own
@@ -301,6 +320,7 @@ class RoundRobinPipeline:
         check_overlap(self, accumulate)
         autocast = _autocast_dtype(self.devices)
         check_step_precision(self.precision, autocast)
+        self._warn_single_steps = False  # the caller overlaps steps: a step() between runs is no mistake
         return overlapped_steps(self, batches, accumulate, autocast)
 
     def _keep_trace(self, index: int, spans) -> None:
