@@ -4,6 +4,7 @@ model applying each step's gradients one step late; accumulation, drain, errors,
 import copy
 import os
 import sys
+import threading
 
 import pytest
 import torch
@@ -12,6 +13,8 @@ from torch import nn
 from bubbleless_runtime._testing import reference_grads, relative_error, tiny_batch, tiny_model
 from bubbleless_runtime._testing import tiny_loss as tiny_loss_fn
 from bubbleless_runtime.pool import RoundRobinPipeline
+from bubbleless_runtime.pool_worker import POOL, store
+from bubbleless_schedules import Kind
 from bubbleless_schedules.roundrobin_layout import PoolGroups
 
 CUT = PoolGroups((3, 2), 2, (1, 2, 2))
@@ -122,6 +125,40 @@ def test_rt_pool_gradient_accumulation_without_an_optimizer_step_sync_and_async(
         reference.step(*halves[1])
         pipe.synchronize()
         _assert_weights(model, reference.masters)
+
+
+def _failing_after_store(nth: int):
+    """The pool's handlers, but the ``nth`` STORE of any device raises once it has added its gradients."""
+    calls, lock = [0], threading.Lock()
+
+    def failing(worker, action, state):
+        store(worker, action, state)
+        with lock:
+            calls[0] += 1
+            hit = calls[0] == nth
+        if hit:
+            raise RuntimeError("store exploded on purpose")
+
+    return POOL.with_handler(Kind.STORE, failing)
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_rt_pool_failed_step_drops_the_gradients_it_stored_and_those_accumulated_before(asynchronous):
+    model = tiny_model(7)
+    reference = DelayedReference(tiny_model(7))
+    pipe = _pool(model, asynchronous=asynchronous)
+    batches = [tiny_batch(8, seed=s) for s in (5, 6, 7)]
+    pipe.step(*batches[0], optimizer_step=False)  # accumulated in the host, not applied
+    assert any(hp.grad.any() for hp in pipe.store.trainable)
+    pipe.interpreter = _failing_after_store(2)  # one job's gradients are down when the step fails
+    with pytest.raises(RuntimeError, match="store exploded on purpose"):
+        pipe.step(*batches[1])
+    assert not any(hp.grad.any() for hp in pipe.store.trainable)  # both dropped, as the docstring says
+    pipe.interpreter = POOL
+    pipe.step(*batches[2])  # trains on its own batch alone
+    reference.step(*batches[2])
+    pipe.synchronize()
+    _assert_weights(model, reference.masters)
 
 
 ARMED = {"on": False}  # module state, not an attribute: devices run copies of the layer (shells)
