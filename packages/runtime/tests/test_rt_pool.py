@@ -129,8 +129,10 @@ def test_rt_pool_hand_edited_csv_schedule_runs(tmp_path):
     pipe = RoundRobinPipeline(model, devices=CPU4, num_microbatches=4, loss_fn=tiny_loss, schedule=edited)
     loss = pipe.step(inputs, targets)
     _assert_same(model, ref, inputs, targets, 4, loss)
-    kinds = {a.kind.value for a in pipe.schedule.actions[3]}
-    assert {"LOAD", "STORE"} <= kinds
+    row3 = pipe.schedule.actions[3]
+    assert [a.kind.value for a in row3 if a.stage == 1][0] == "LOAD"  # the moved job's weights come first there
+    assert not any(a.stage == 1 for a in pipe.schedule.actions[1])  # and it left device 1
+    assert {s.worker for s in pipe.last_timeline.spans if s.action.stage == 1} == {3}  # where it ran
 
 
 CALLS = {"count": 0}
