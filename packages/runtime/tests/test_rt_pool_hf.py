@@ -79,12 +79,15 @@ def _assert_loss_and_grads_match(piped, ref, loss, ids, labels) -> None:
 @pytest.mark.parametrize("name", list(MODELS))
 def test_rt_pool_hf_gradients_equal_unpipelined(name, lora):
     piped, ref = _models(name, lora)
+    frozen = {n: p.detach().clone() for n, p in piped.model.named_parameters() if not p.requires_grad}
     ids, labels = _batch()
     pipe = RoundRobinPipeline(piped.layers, devices=["cpu"] * 4, num_microbatches=M, loss_fn=piped.loss_fn,
                               partition=CUT, timeout=120)
     _assert_loss_and_grads_match(piped, ref, pipe.step(ids, labels), ids, labels)
-    if lora:  # frozen base weights got no gradient, and their host copies are untouched
-        assert all(p.grad is None for n, p in piped.model.named_parameters() if not p.requires_grad)
+    assert bool(frozen) == lora
+    after = dict(piped.model.named_parameters())
+    assert all(torch.equal(after[n], before) for n, before in frozen.items())  # their host copies untouched
+    assert all(after[n].grad is None for n in frozen)  # and no gradient given to them
 
 
 def plain_adamw(params) -> torch.optim.AdamW:
