@@ -74,6 +74,7 @@ def test_rt_pool_precision_a_plan_the_constructor_accepts_runs_under_autocast_wi
                                   timeout=60)
     except ValueError as error:  # refused up front is allowed; running out is not
         assert "does not fit" in str(error) or "no round-robin plan" in str(error)
+        assert budget < 200_000, "200 kB holds a plan: the case must run, or this test checks nothing"
         return
     for dtype in PRECISIONS:
         assert torch.isfinite(_step(pipe, inputs, targets, dtype))
