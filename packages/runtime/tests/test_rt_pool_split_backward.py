@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from bubbleless_runtime import pool_worker
+from bubbleless_runtime import pool_split, pool_worker
 from bubbleless_runtime._testing import reference_grads, relative_error, tiny_batch, tiny_loss, tiny_model
 from bubbleless_runtime.pool import RoundRobinPipeline
 from bubbleless_schedules import Action, Kind, Schedule
@@ -229,6 +229,17 @@ def test_rt_pool_split_backward_budget_refuses_what_w_would_keep():
                               schedule=late_w, memory_budget=budget, timeout=60)
     with pytest.raises(DeviceOutOfMemory):  # uncounted, W's tensors would leave the peak as B's
         late.step(inputs, targets)
+    with pytest.MonkeyPatch.context() as patch:  # and indeed: held at 0 bytes, the late schedule fits
+        patch.setattr(pool_split.Deferred, "hold", _hold_nothing)
+        RoundRobinPipeline(tiny_model(8, width=width), devices=CPU2, num_microbatches=M, loss_fn=tiny_loss,
+                           schedule=late_w, memory_budget=budget, timeout=60).step(inputs, targets)
+
+
+def _hold_nothing(deferred, budget, what: str) -> int:
+    """``Deferred.hold`` reserving nothing: what the pool would count if it forgot what W keeps."""
+    deferred.noted.clear()
+    deferred.held, deferred.input_done = 0, True
+    return 0
 
 
 def test_rt_pool_split_backward_hf_lora_two_devices():
