@@ -127,3 +127,18 @@ def test_rt_pool_first_single_step_of_a_plan_made_for_overlapped_steps_warns_onc
     overlapping = _pool(tiny_model(8))
     _quietly(lambda: list(overlapping.steps([batch, batch])))
     _quietly(overlapping.step, *batch)  # a step() between overlapped runs is no mistake
+
+
+@pytest.mark.parametrize("load_stream", [False, True])
+def test_rt_pool_auto_groups_judges_with_the_copy_stream_it_is_given(monkeypatch, load_stream):
+    asked = []
+    real = pool_plan.plan_judge
+
+    def recording(objective, *, load_stream=False):
+        asked.append((objective, load_stream))
+        return real(objective, load_stream=load_stream)
+
+    monkeypatch.setattr(pool_plan, "plan_judge", recording)
+    pool_plan.auto_groups(TINY_BENCH, memory_cap=None, load_stream=load_stream,
+                          **{**PLAN, "options": {"objective": "period"}})
+    assert asked and set(asked) == {("period", load_stream)}  # a GPU pool's uploads on the copy stream
