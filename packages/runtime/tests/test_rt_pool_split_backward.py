@@ -151,7 +151,8 @@ def test_rt_pool_split_backward_refuses_w_before_its_i():
     schedule = _split_schedule()
     device, w = _first(schedule, Kind.W)
     bad = _moved(schedule, device, w, Action(w.stage, Kind.I, w.microbatch))
-    with pytest.raises(ValueError, match="deadlock"):
+    # the moved W waits for its own I, which now runs after it on the same device
+    with pytest.raises(ValueError, match=rf"deadlock: worker {device} waits at {w} for \(I, {w.stage}, {w.microbatch}\)"):
         _pipe(tiny_model(8), bad)
 
 
