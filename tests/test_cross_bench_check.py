@@ -41,8 +41,11 @@ def baselines(tmp_path: Path) -> Path:
 def test_cross_bench_check_passes_on_the_stored_baselines():
     for name in ("schedules", "ratios"):
         findings = check_set(SETS[name], BASELINES)
-        assert not [f.line() for f in findings if f.fails], name
-    assert not [f for f in check_set(SETS["modelled"], BASELINES, keys=CHEAP_MODELLED) if f.fails]
+        assert not [f.line() for f in findings if f.fails or f.kind == "new"], name  # every figure compared
+    assert not [f.line() for f in check_set(SETS["modelled"], BASELINES, keys=CHEAP_MODELLED)
+                if f.fails or f.kind == "new"]
+    stored = json.loads((BASELINES / "modelled.json").read_text())["figures"]
+    assert all(CHEAP_MODELLED <= set(figures) for figures in stored.values())  # the cheap keys are stored ones
 
 
 def test_cross_bench_check_cli_fails_on_a_planted_makespan_regression(baselines, capsys):
@@ -106,5 +109,9 @@ def test_cross_bench_check_measured_drop_beyond_the_noise_threshold_fails(tmp_pa
 
 
 def test_cross_bench_check_noise_threshold_counts_run_to_run_spread():
-    threshold, spread = noise_threshold([100.0, 140.0], [100.0, 100.0, 140.0, 140.0])
+    tight = [100.0, 100.0, 100.0, 140.0, 140.0]  # per-step spread (median absolute deviation) 0
+    threshold, spread = noise_threshold([100.0, 140.0], tight)  # the runs' medians 40 apart around 120
+    assert spread == pytest.approx(20 / 120) and threshold == pytest.approx(0.5)
+    assert noise_threshold([120.0], tight) == (MIN_DROP, 0.0)  # one run: nothing but the floor
+    threshold, spread = noise_threshold([120.0], [100.0, 100.0, 140.0, 140.0])  # per-step spread alone
     assert spread == pytest.approx(20 / 120) and threshold == pytest.approx(0.5)

@@ -97,6 +97,7 @@ def test_the_synchronous_pool_is_planned_by_the_makespan_and_steps_one_pool_step
     assert asked and all(options == {} for options in asked)
     d = sync.details
     assert d["compute_s"] == d["single_step_s"] and d["hand_off_s"] == 0.0
+    assert d["single_step_s"] <= d["serial_loads_step_s"] + 1e-12  # the LOADs on the copy stream, never slower
     assert sync.step_s == pytest.approx(d["single_step_s"] + d["optimizer_s"])
     assert _pool_plan(GPU.at(seq_len=256), synchronous=True).single_ms == pytest.approx(
         min(_pool_plan_at(GPU.at(seq_len=256), m, synchronous=True).over(GPU.microbatches // m).single_ms

@@ -39,9 +39,9 @@ def test_cross_a_hand_edited_schedule_is_a_valid_different_schedule():
 
 
 def test_cross_an_edit_that_breaks_a_dependency_is_refused():
-    broken = _swap_on_row(generate("zb-h1", num_ranks=2, num_microbatches=4).to_csv(), 1, "1F0", "1I0")
-    with pytest.raises(ValueError):
-        validate(Schedule.from_csv(broken))
+    broken = Schedule.from_csv(_swap_on_row(generate("zb-h1", num_ranks=2, num_microbatches=4).to_csv(), 1, "1F0", "1I0"))
+    with pytest.raises(ValueError, match=r"deadlock: .*worker 1 waits at 1I0 for \(F, 1, 0\)"):  # I before its F
+        validate(broken)
 
 
 @pytest.mark.slow
