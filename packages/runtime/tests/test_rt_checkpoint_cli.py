@@ -11,6 +11,7 @@ import torch
 
 from bubbleless_runtime._testing.train_runs import sigterm_after_first_checkpoint
 from bubbleless_runtime.checkpoint import manifest_of
+from bubbleless_runtime.metrics import read_metrics
 
 TINY = """\
 model: {vocab_size: 16, hidden_size: 32, intermediate_size: 64, num_layers: 4, num_heads: 4, num_kv_heads: 2,
@@ -65,6 +66,9 @@ def test_rt_an_auto_cut_resumes_with_its_own_cut_and_schedule_bit_exactly(tmp_pa
     resumed = train(tmp_path, yaml_text, "resumed", "--resume", str(tmp_path / "whole" / "checkpoint-3"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resume: partition auto takes the checkpoint's cut {cut}" in resumed.stdout
+    # it resumed, not retrained: a run from scratch writes the same checkpoint-6 (the config's seed)
+    assert "4 micro-batches, 3 steps" in resumed.stdout
+    assert [r["step"] for r in read_metrics(tmp_path / "resumed")] == [4, 5, 6]
     assert manifest_of(tmp_path / "resumed" / "checkpoint-6")["schedule"] == \
         manifest_of(tmp_path / "whole" / "checkpoint-6")["schedule"]
     assert same_files(tmp_path / "whole" / "checkpoint-6", tmp_path / "resumed" / "checkpoint-6", 2)
@@ -79,4 +83,5 @@ def test_rt_sigterm_saves_a_checkpoint_exits_143_and_resume_latest_finishes(tmp_
     assert sorted(n for n in os.listdir(out) if n.startswith("checkpoint-")) == [f"checkpoint-{stopped_at}"]
     finished = train(tmp_path, yaml_text.replace("steps: 400", f"steps: {stopped_at + 2}"), "out", "--resume", "latest")
     assert finished.returncode == 0, finished.stderr[-3000:]
+    assert "2 micro-batches, 2 steps" in finished.stdout  # resumed: a run from scratch would train them all
     assert _load_as(out / f"checkpoint-{stopped_at + 2}", 1)["step"] == stopped_at + 2

@@ -10,6 +10,7 @@ import torch
 
 from bubbleless_runtime import config as cfg
 from bubbleless_runtime import config_docs
+from bubbleless_runtime.checkpoint import manifest_of
 from bubbleless_runtime.cli import build_parser, main, resolve_config
 from bubbleless_runtime.default_config import DEFAULT_CONFIG_YAML
 
@@ -186,8 +187,10 @@ def test_a_hand_edited_csv_schedule_trains_through_the_cli(tmp_path):
     config.write_text(
         "model: {vocab_size: 16, hidden_size: 32, intermediate_size: 64, num_layers: 2, num_heads: 4, "
         "num_kv_heads: 2, head_dim: 8}\ndata: {task: copy, num_symbols: 8, length: 4, batch_size: 8}\n"
-        f"pipeline: {{schedule: {tmp_path / 'mine.csv'}, nproc: 2, num_microbatches: 4}}\ntrain: {{steps: 3}}\n"
+        f"pipeline: {{schedule: {tmp_path / 'mine.csv'}, nproc: 2, num_microbatches: 4}}\n"
+        "train: {steps: 3, checkpoint: true}\n"
     )
     done = testing.run_cli(["train", str(config), "--output-dir", str(tmp_path / "out")])
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    assert "mine.csv" in done.stdout or "hand-edited" in done.stdout, done.stdout[-2000:]
+    ran = manifest_of(tmp_path / "out" / "checkpoint-3")["schedule"]["text"]  # the order the ranks ran
+    assert ran == edited.to_text() and ran != schedule.to_text()

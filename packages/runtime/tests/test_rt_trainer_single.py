@@ -126,6 +126,7 @@ def test_bf16_autocast_trains_close_to_fp32():
     fp32, bf16 = make_trainer(), make_trainer(precision="bf16")
     a, b = fp32.train_step(TASK), bf16.train_step(TASK)
     assert b.loss == pytest.approx(a.loss, rel=0.03)
+    assert b.loss != a.loss  # it did run in bfloat16: without autocast the two losses are one number
     assert not b.skipped and math.isfinite(b.grad_norm)
 
 
@@ -138,9 +139,13 @@ def test_fp16_scaler_skips_overflowing_steps_and_halves_the_scale():
     assert math.isfinite(stats.loss)
     for p, q in zip(trainer.params, before, strict=True):
         assert torch.equal(p, q)
+    assert trainer.scheduler.last_epoch == 0  # a skipped step leaves the learning-rate schedule where it was
     trainer.scaler.scale = 2.0**8
-    stats = trainer.train_step(TASK)
+    second = trainer.train_step(TASK)
+    assert second.lr == stats.lr  # the warm-up's first rate again
+    stats = second
     assert not stats.skipped and trainer.scaler.scale == 2.0**8
+    assert trainer.scheduler.last_epoch == 1
     assert any(not torch.equal(p, q) for p, q in zip(trainer.params, before, strict=True))
 
 
@@ -150,9 +155,12 @@ def test_checkpoint_resume_reproduces_the_uninterrupted_run(tmp_path):
     first = make_trainer()
     got = [first.train_step(TASK).loss for _ in range(3)]
     first.save(tmp_path)
-    torch.manual_seed(999)  # the checkpoint must restore the RNG, not rely on it
-    resumed = make_trainer(seed=7)
+    saved_rng = torch.get_rng_state()
+    next_draw = torch.rand(())  # what the uninterrupted run would draw next
+    torch.set_rng_state(saved_rng)
+    resumed = make_trainer(seed=7)  # another seed: the checkpoint must restore the RNG, not rely on it
     resumed.load(tmp_path)
+    assert torch.rand(()) == next_draw
     assert resumed.step == 3 and resumed.data_position == 3
     got += [resumed.train_step(TASK).loss for _ in range(3)]
     assert got == expected
