@@ -183,3 +183,4 @@ def test_rt_sigkill_during_writes_never_leaves_a_half_checkpoint(tmp_path):
         for name in names:
             load(out / name)  # complete, checksums verified
         assert files.resolve("latest", str(out)).endswith(max(names, key=lambda n: int(n.split("-")[1])))
+        assert (out / files.LATEST).read_text().strip() in names  # the pointer never names a missing one
