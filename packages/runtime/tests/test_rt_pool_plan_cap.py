@@ -63,18 +63,19 @@ def _makespan(schedule: Schedule, profile: Profile = PROFILE) -> float:
     return simulate(schedule, pool_plan.job_costs(profile, pool_groups(schedule), bandwidth=None)).makespan
 
 
-def _best_cut_makespan(memory_cap: float) -> float:
-    """The fastest DP cut (what auto_groups tried alone under a cap before)."""
+def _best_cut_makespan(memory_cap: float | None, profile: Profile = PROFILE) -> float:
+    """The fastest DP cut over every count of backward groups, on 2 devices at 4 micro-batches (what
+    auto_groups tried alone under a cap before)."""
     spans = []
-    for count in range(1, PROFILE.num_layers + 1):
+    for count in range(1, profile.num_layers + 1):
         try:
-            part = cut(PROFILE, num_stages=count, method="roundrobin", num_microbatches=4, memory_cap=memory_cap)
+            part = cut(profile, num_stages=count, method="roundrobin", num_microbatches=4, memory_cap=memory_cap)
         except ValueError:
             continue
         groups = pool_plan.groups_from_partition(part)
         spans.append(_makespan(pool_plan.generate_pool(
-            "roundrobin", groups, num_layers=PROFILE.num_layers, num_devices=2, num_microbatches=4,
-            costs=pool_plan.job_costs(PROFILE, groups, bandwidth=None), options={})))
+            "roundrobin", groups, num_layers=profile.num_layers, num_devices=2, num_microbatches=4,
+            costs=pool_plan.job_costs(profile, groups, bandwidth=None), options={}), profile))
     return min(spans)
 
 

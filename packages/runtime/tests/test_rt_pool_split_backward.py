@@ -261,6 +261,7 @@ def test_rt_pool_split_backward_hf_lora_two_devices():
     _assert_loss_and_grads_match(piped, ref, pipe.step(ids, labels), ids, labels)
     after = dict(piped.model.named_parameters())
     assert frozen and all(torch.equal(after[n], before) for n, before in frozen.items())  # host copies untouched
+    assert all(after[n].grad is None for n in frozen)  # and no gradient given to them
     assert [w.budget.used for w in pipe.workers] == [0, 0]
 
 

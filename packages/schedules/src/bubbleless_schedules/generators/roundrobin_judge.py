@@ -92,6 +92,7 @@ left: 0.35%). Judged over 4 the search kept such plans, which the planner, judgi
 away for a makespan plan: at 32 micro-batches on those GPUs the pool's modelled tokens/s rose 6.4%
 (50,882 -> 54,115) once the search judged over 12 (Llama-3.1-8B and Qwen3-32B unchanged, 2026-12-07)."""
 
+
 def period_judge(*, load_stream: bool = False):
     """``judge(schedule, costs)``: the steady period of ``PERIOD_ITERATIONS`` back-to-back iterations
     (``pool_steady_state``), with ``load_stream`` the uploads on a copy stream (a GPU pool's planner asks
