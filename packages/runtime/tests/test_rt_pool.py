@@ -170,6 +170,7 @@ def test_rt_pool_failing_layer_raises_from_step_and_next_step_works():
     assert any("round-robin pool running" in note for note in getattr(caught.value, "__notes__", []))
     assert all(p.grad is None for p in model.parameters())  # the failed step left no gradients
     assert all(w.weights.resident_bytes == 0 for w in pipe.workers)
+    assert all(w.budget.used == 0 for w in pipe.workers)  # the failing forward's uploaded input too
     loss = pipe.step(inputs, targets)
     _assert_same(model, ref, inputs, targets, 4, loss)
 

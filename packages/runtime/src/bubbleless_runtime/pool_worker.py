@@ -173,12 +173,16 @@ class DeviceWorker:
         return HostActivation(tuple(tensors), isinstance(activation, (tuple, list)), self.streams.record(self.streams.out))
 
     def _input(self, action: Action, state: WorkerState, payloads: dict, at_layer: int):
+        """The input of ``action``'s micro-batch on the device and its bytes, reserved on the budget and
+        noted in ``reserved`` (so a step that fails before they are freed gives them back in ``reset``)."""
         event = self.routes.input_event[action]
         if event is None:  # the job starts at layer 0: the caller's micro-batch, in host memory
-            return self._batch_on_device(state.step.inputs[action.microbatch],
-                                        f"{action}'s copy of the caller's micro-batch")
-        activation, nbytes = self._upload(payloads[event][at_layer], f"the input of {action}")
-        state.step.board.read_done(event)
+            activation, nbytes = self._batch_on_device(state.step.inputs[action.microbatch],
+                                                       f"{action}'s copy of the caller's micro-batch")
+        else:
+            activation, nbytes = self._upload(payloads[event][at_layer], f"the input of {action}")
+            state.step.board.read_done(event)
+        self.reserved[(action.stage, action.microbatch)] = nbytes
         return activation, nbytes
 
     def _batch_on_device(self, batch, what: str):
@@ -288,7 +292,7 @@ def forward(worker: DeviceWorker, action: Action, state: WorkerState) -> None:
     payloads = worker._wait(action, state)
     layers = worker.groups.layers(j)
     loaded = worker._job(j)
-    x, nbytes = worker._input(action, state, payloads, layers.start)
+    x, _ = worker._input(action, state, payloads, layers.start)
     saves, saved = worker.routes.saves[j], {}
     with torch.no_grad(), stream_context(worker.streams.compute):
         for index, module in zip(layers, loaded.modules, strict=True):
@@ -296,7 +300,7 @@ def forward(worker: DeviceWorker, action: Action, state: WorkerState) -> None:
                 saved[index] = worker._download(x)
             x = module(x)
         saved[layers.stop] = worker._download(x)
-    worker.budget.free(nbytes)
+    worker.budget.free(worker.reserved.pop((j, action.microbatch)))
     worker._publish(action, state, saved)
     worker._release_if_done(action)
 
