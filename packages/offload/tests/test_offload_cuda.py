@@ -11,6 +11,7 @@ from bubbleless_offload import (
     DeviceWeights,
     HostStore,
     PinnedPool,
+    WeightUploads,
     stream_context,
     to_device,
     to_host,
@@ -84,3 +85,21 @@ def test_activations_round_trip_through_pinned_host_buffers_on_side_streams():
     arrived.synchronize()
     pool.release(host)
     assert pool.bytes_in_use == 0
+
+
+def test_paced_weight_uploads_let_an_activation_copy_land_while_weights_still_arrive():
+    """256 MiB of weights in 8 MiB chunks, two in flight; a 1 MiB activation copy reported meanwhile lands
+    behind at most two chunks, long before the weights (which need 5-10 ms at PCIe/NVLink rates)."""
+    streams = DeviceStreams("cuda")
+    uploads = WeightUploads(streams, chunk_bytes=8 << 20, window=2)
+    assert uploads.paced
+    host = torch.randn(64 << 20).pin_memory()
+    device_copy = torch.empty_like(host, device=streams.device)
+    upload = uploads.upload([(host, device_copy)])
+    activation, arrived = to_device(torch.randn(1 << 18).pin_memory(), streams.device, stream=streams.activations_in)
+    uploads.activation_started(arrived)
+    arrived.synchronize()
+    assert not upload.query()  # the activation is down, the weights are still coming
+    upload.wait(streams.compute)
+    upload.synchronize()
+    assert torch.equal(device_copy.cpu(), host)

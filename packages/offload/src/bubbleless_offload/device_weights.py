@@ -15,6 +15,10 @@ see each other's tensors or gradients. At most as many shells per layer as jobs 
 A parameter shared by two layers of the same job (tied weights) is uploaded once, and for the job's
 lifetime both shells hold the same ``nn.Parameter`` (the first layer's placeholder): autograd then sums
 its gradient exactly as in the caller's model, and the device holds one gradient for it, not two.
+
+The copies themselves go through the device's ``WeightUploads``: on an accelerator, cut into chunks
+and paced behind the device's activation uploads (``weight_uploads``); a job's device tensors are
+allocated when it loads, and filled by the time ``LoadedJob.ready`` says so.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from .host_store import HostParam, HostStore
 from .host_view import HostView
 from .memory_budget import MemoryBudget
 from .streams import DeviceStreams, mark_used_on, stream_context
+from .weight_uploads import Upload, WeightUploads
 
 __all__ = ["DeviceWeights", "LoadedJob"]
 
@@ -54,8 +59,8 @@ class LoadedJob:
     """Layer indices, in the order given to ``load``."""
     modules: list[nn.Module]
     """One shell module per layer index, in order; run them like the caller's layers."""
-    ready: object
-    """Event completed when every upload is done; ``ready.wait(streams.compute)`` before computing."""
+    ready: Upload | None
+    """Its weight upload: ``ready.wait(streams.compute)`` before computing (an event's interface)."""
     nbytes: int
     """Bytes uploaded (and reserved in the budget): each unique param and buffer once."""
     view: HostView | None = None
@@ -74,7 +79,8 @@ class DeviceWeights:
 
     ``streams``: the device's streams (None: new ``DeviceStreams(device)``). ``budget``: the device's
     ``MemoryBudget``, shared with the executor's activation accounting (None: one without a limit).
-    Thread-safe bookkeeping; uploads and downloads run on the calling thread.
+    ``uploads``: how weight copies are issued (None: ``WeightUploads(streams)``, paced on an
+    accelerator). Thread-safe bookkeeping; downloads run on the calling thread.
     """
 
     def __init__(
@@ -84,6 +90,7 @@ class DeviceWeights:
         *,
         streams: DeviceStreams | None = None,
         budget: MemoryBudget | None = None,
+        uploads: WeightUploads | None = None,
     ) -> None:
         self.store = store
         self.streams = streams if streams is not None else DeviceStreams(device)
@@ -91,6 +98,9 @@ class DeviceWeights:
         if torch.device(device).type != self.device.type:
             raise ValueError(f"streams are for {self.device}, not {device}; build DeviceStreams({str(device)!r})")
         self.budget = budget if budget is not None else MemoryBudget(None, self.device)
+        self.uploads = uploads if uploads is not None else WeightUploads(self.streams)
+        if self.uploads.streams is not self.streams:
+            raise ValueError("uploads were built for other streams: pass WeightUploads(streams) with this device's streams")
         self._lock = threading.Lock()
         self._shells: dict[int, list[_Shell]] = {}  # layer index -> its shells on this device
         self._in_use: set[int] = set()  # id() of the shells live jobs hold
@@ -151,6 +161,8 @@ class DeviceWeights:
             if loaded._released:
                 raise ValueError(f"job {loaded.layers} on {self.device} was released already")
             loaded._released = True
+            if loaded.ready is not None:
+                loaded.ready.cancel()  # chunks not issued yet never go; those issued write into freed memory
             for owner, key, placeholder in loaded._rebound:
                 owner._parameters[key] = placeholder
             for shell in filter(None, loaded._shells):
@@ -206,36 +218,37 @@ class DeviceWeights:
         pairs = list(zip(layer.modules(), module.modules(), strict=True))
         return _Shell(module=module, params=params, slots=slots, buffers=buffers, pairs=pairs)
 
-    def _upload(self, job: LoadedJob):
-        """Fresh device copies of the job's tensors on ``weights_in``; the event marking their end."""
-        streams, copies = self.streams, {}
+    def _upload(self, job: LoadedJob) -> Upload:
+        """Fresh device tensors for the job's params and buffers, filled by ``self.uploads``."""
+        streams, device_copies, copies = self.streams, {}, []
 
         def copy_of(key: tuple[str, int], host: torch.Tensor) -> torch.Tensor:
-            if key not in copies:  # a tensor shared by several layers of the job moves once
-                device_copy = host.to(self.device, non_blocking=host.is_pinned(), copy=True)
+            if key not in device_copies:  # a tensor shared by several layers of the job moves once
+                with stream_context(streams.weights_in):  # allocated where it is written
+                    device_copy = torch.empty_like(host, device=self.device)
                 mark_used_on(device_copy, streams.compute)
-                copies[key] = device_copy
-            return copies[key]
+                device_copies[key] = device_copy
+                copies.append((host, device_copy))
+            return device_copies[key]
 
-        with stream_context(streams.weights_in):
-            for shell in job._shells:
-                for original, shell_module in shell.pairs:
-                    shell_module.training = original.training
-                for placeholder, hp in shell.params:
-                    if id(hp) in job._params:  # tied to a layer loaded before it in this job: share that one
-                        shared = job._params[id(hp)][1]
-                        for owner, key in shell.slots[id(placeholder)]:
-                            owner._parameters[key] = shared
-                            job._rebound.append((owner, key, placeholder))
-                        continue
-                    source = hp.param.data if job.view is None else job.view.working_of(hp)
-                    placeholder.data = copy_of(("param", id(hp)), source)
-                    placeholder.requires_grad_(hp.trainable)
-                    placeholder.grad = None
-                    job._params[id(hp)] = (hp, placeholder)
-                for owner, key, host in shell.buffers:
-                    owner._buffers[key] = copy_of(("buffer", id(host)), host)
-            return streams.record(streams.weights_in)
+        for shell in job._shells:
+            for original, shell_module in shell.pairs:
+                shell_module.training = original.training
+            for placeholder, hp in shell.params:
+                if id(hp) in job._params:  # tied to a layer loaded before it in this job: share that one
+                    shared = job._params[id(hp)][1]
+                    for owner, key in shell.slots[id(placeholder)]:
+                        owner._parameters[key] = shared
+                        job._rebound.append((owner, key, placeholder))
+                    continue
+                source = hp.param.data if job.view is None else job.view.working_of(hp)
+                placeholder.data = copy_of(("param", id(hp)), source)
+                placeholder.requires_grad_(hp.trainable)
+                placeholder.grad = None
+                job._params[id(hp)] = (hp, placeholder)
+            for owner, key, host in shell.buffers:
+                owner._buffers[key] = copy_of(("buffer", id(host)), host)
+        return self.uploads.upload(copies)
 
 
 def _slot(module: nn.Module, name: str) -> tuple[nn.Module, str]:

@@ -66,7 +66,14 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from bubbleless_offload import DeviceOutOfMemory, HostOptimizer, HostStore, MemoryBudget
+from bubbleless_offload import (
+    DeviceOutOfMemory,
+    DeviceStreams,
+    HostOptimizer,
+    HostStore,
+    MemoryBudget,
+    WeightUploads,
+)
 from bubbleless_offload.host_optimizer_async import AsyncHostOptimizer
 from bubbleless_partition import Partition, Profile
 from bubbleless_schedules import Costs, Schedule, Span, Timeline, add_weight_transfers, peak_memory, simulate
@@ -144,6 +151,9 @@ class RoundRobinPipeline:
     ``frozen_safetensors``: a .safetensors file whose tensors replace the frozen (LoRA base) weights,
     memory-mapped rather than held in RAM; ``safetensors_key`` maps store names to its keys (for a
     Hugging Face model: ``bubbleless_runtime.models.checkpoint_key_of(model, layers)``).
+    ``weight_uploads``: how each device's weight copies are issued, the keyword arguments of
+    ``bubbleless_offload.WeightUploads`` (``paced``, ``chunk_bytes``, ``window``); by default paced on a GPU
+    (32 MiB chunks behind the activation uploads, RoundPipe's rule), at once on CPU.
     """
 
     def __init__(self, model, *, devices, num_microbatches: int, loss_fn: Callable | None,
@@ -151,8 +161,10 @@ class RoundRobinPipeline:
                  memory_budget: float | None = None, sample_input=None, costs: Costs | None = None,
                  schedule_options: dict | None = None, pin_memory: bool | None = None,
                  frozen_safetensors=None, safetensors_key: Callable[[str], str] | None = None,
-                 timeout: float = DEFAULT_TIMEOUT, trace: bool = True, precision: str | None = None) -> None:
+                 timeout: float = DEFAULT_TIMEOUT, trace: bool = True, precision: str | None = None,
+                 weight_uploads: dict | None = None) -> None:
         check_common(loss_fn, num_microbatches, timeout)
+        weight_uploads = _weight_upload_options(weight_uploads)
         self.precisions = precisions_of(precision)
         self.precision = precision
         if memory_budget is not None and not (isinstance(memory_budget, (int, float)) and memory_budget > 0):
@@ -183,7 +195,7 @@ class RoundRobinPipeline:
         self.interpreter = POOL
         self.workers = [
             DeviceWorker(index=i, device=d, store=self.store, routes=self.routes, actions=self.schedule.actions[i],
-                         budget=MemoryBudget(memory_budget, d), pin_memory=pin)
+                         budget=MemoryBudget(memory_budget, d), pin_memory=pin, uploads=weight_uploads)
             for i, d in enumerate(self.devices)
         ]
         self.holds_loss = True
@@ -389,6 +401,22 @@ class RoundRobinPipeline:
 
     def peak_weight_layers(self) -> tuple[int, ...]:
         return peak_weight_layers(self.schedule)
+
+
+def _weight_upload_options(options) -> dict:
+    """``weight_uploads`` checked: a mapping of ``WeightUploads``' keyword arguments (values checked there)."""
+    if options is None:
+        return {}
+    if not isinstance(options, Mapping):
+        raise ValueError(f"weight_uploads must be a dict of {WEIGHT_UPLOAD_OPTIONS}, got {options!r}")
+    unknown = sorted(set(options) - set(WEIGHT_UPLOAD_OPTIONS))
+    if unknown:
+        raise ValueError(f"weight_uploads: unknown option(s) {unknown}; the options are {WEIGHT_UPLOAD_OPTIONS}")
+    WeightUploads(DeviceStreams("cpu"), **options)  # checks the values now, before any planning
+    return dict(options)
+
+
+WEIGHT_UPLOAD_OPTIONS = ("paced", "chunk_bytes", "window")
 
 
 def _asks_asynchronous(options) -> bool:

@@ -32,7 +32,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from bubbleless_offload import DeviceStreams, DeviceWeights, MemoryBudget, stream_context, to_device, to_host
+from bubbleless_offload import (
+    DeviceStreams,
+    DeviceWeights,
+    MemoryBudget,
+    WeightUploads,
+    stream_context,
+    to_device,
+    to_host,
+)
 from bubbleless_partition.saved_tensors import SavedStorages
 from bubbleless_schedules import Action, Kind
 
@@ -84,14 +92,15 @@ class DeviceWorker:
     """One device of the pool: its weights, streams, memory budget and the graphs of its running job."""
 
     def __init__(self, *, index: int, device: torch.device, store, routes: Routes, actions, budget: MemoryBudget,
-                 pin_memory: bool = False) -> None:
+                 pin_memory: bool = False, uploads: dict | None = None) -> None:
         self.index = index
         self.device = device
         self.routes = routes
         self.groups = routes.groups
         self.budget = budget
         self.streams = DeviceStreams(device)
-        self.weights = DeviceWeights(store, device, streams=self.streams, budget=budget)
+        self.weights = DeviceWeights(store, device, streams=self.streams, budget=budget,
+                                     uploads=WeightUploads(self.streams, **(uploads or {})))
         self.pin_memory = pin_memory
         self.loaded: dict = {}  # job -> LoadedJob on this device
         self.graphs: dict = {}  # (job, mb) -> (roots, leaves, root grads or None) from R or the last F until B
@@ -160,7 +169,9 @@ class DeviceWorker:
             for t in payload.tensors:
                 moved, _ = to_device(t, self.device, stream=self.streams.activations_in, used_on=self.streams.compute)
                 tensors.append(moved)
-        self.streams.record(self.streams.activations_in).wait(self.streams.compute)
+        arrived = self.streams.record(self.streams.activations_in)
+        arrived.wait(self.streams.compute)
+        self.weights.uploads.activation_started(arrived)  # weight chunks not yet issued go after it
         return (tuple(tensors) if payload.is_tuple else tensors[0]), payload.nbytes
 
     def _download(self, activation) -> HostActivation:
