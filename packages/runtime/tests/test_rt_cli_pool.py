@@ -26,6 +26,11 @@ POOL = "pipeline: {schedule: roundrobin, devices: [cpu, cpu]}\n"
         ("pipeline: {schedule: zbv, devices: [cpu, cpu]}\n", "pipeline.devices is for the round-robin device pool"),
         ("pipeline: {schedule: 1f1b, memory_budget: 1.0e+9}\n", "pipeline.memory_budget is for the round-robin"),
         ("pipeline: {schedule: 1f1b, pin_memory: false}\n", "pipeline.pin_memory is for the round-robin"),
+        ("pipeline: {schedule: 1f1b, weight_uploads: {window: 2}}\n", "pipeline.weight_uploads is for the round-robin"),
+        (POOL.replace("}", ", weight_uploads: {chunk: 1}}"), r"unknown key\(s\) \['chunk'\]; the keys are paced, chunk_bytes"),
+        (POOL.replace("}", ", weight_uploads: {window: 0}}"), "weight_uploads.window is 0; it needs at least 1 chunk"),
+        (POOL.replace("}", ", weight_uploads: {chunk_bytes: -5}}"), "weight_uploads.chunk_bytes is -5"),
+        (POOL.replace("}", ", weight_uploads: {paced: 1}}"), "weight_uploads.paced is 1; use true or false"),
         ("pipeline: {schedule: roundrobin, devices: [cpu, tpu]}\n", "entry 'tpu' is not a device"),
         ("pipeline: {schedule: roundrobin, devices: [cpu, 'cuda:0']}\n", "mixes cpu and cuda"),
         ("pipeline: {schedule: roundrobin, devices: [cpu], memory_budget: -1}\n", "memory_budget must be a positive"),
@@ -144,6 +149,29 @@ def test_pool_resume_in_a_fresh_process_is_bit_identical_to_the_uninterrupted_ru
     state_a, state_b = a["optimizer"]["optimizer"]["state"], b["optimizer"]["optimizer"]["state"]  # the host optimizer's
     for x, y in zip(state_a.values(), state_b.values(), strict=True):
         assert all(torch.equal(x[k], y[k]) for k in x)
+
+
+SHOW_UPLOADS = """\
+import bubbleless_runtime.pool as pool
+built = pool.RoundRobinPipeline.__init__
+def _show(self, *args, **kwargs):
+    built(self, *args, **kwargs)
+    uploads = self.workers[0].weights.uploads
+    print("UPLOADS", uploads.paced, uploads.chunk_bytes, uploads.window)
+pool.RoundRobinPipeline.__init__ = _show
+"""
+
+
+@pytest.mark.slow
+def test_pool_weight_uploads_from_the_config_reach_every_device_and_change_no_loss(tmp_path):
+    yaml_text = TINY + (f"pipeline: {{schedule: roundrobin, devices: [cpu, cpu], num_microbatches: 2, partition: {CUT}}}\n"
+                        "train: {steps: 3}\n")
+    plain, out = _run(tmp_path, yaml_text, name="plain", after=SHOW_UPLOADS)
+    assert "UPLOADS False 33554432 2" in out  # CPU devices: issued at once by default
+    paced, out = _run(tmp_path, yaml_text.replace("partition:", "weight_uploads: {paced: true, chunk_bytes: 256, "
+                                                                "window: 1}, partition:"), name="paced", after=SHOW_UPLOADS)
+    assert "UPLOADS True 256 1" in out
+    assert paced == plain and len(plain) == 3  # chunked copies are exact copies
 
 
 LOGITS_AFTER_TRAINING = """\

@@ -134,7 +134,7 @@ class WeightUploads:
             raise ValueError(f"chunk_bytes must be a positive number of bytes, got {chunk_bytes!r}")
         if not isinstance(window, int) or window < 1:
             raise ValueError(f"window must be at least 1 chunk in flight, got {window!r}")
-        if paced not in (None, True, False):
+        if not (paced is None or isinstance(paced, bool)):
             raise ValueError(f"paced must be True, False or None (paced on an accelerator), got {paced!r}")
         self.streams = streams
         self.paced = (not streams.is_cpu) if paced is None else paced

@@ -151,7 +151,7 @@ def uses_pool(name: str) -> bool:
         return False
 
 
-POOL_ONLY = ("devices", "memory_budget", "pin_memory")
+POOL_ONLY = ("devices", "memory_budget", "pin_memory", "weight_uploads")
 
 
 def _validate_stage_bound(pipeline: PipelineConfig) -> None:
@@ -184,6 +184,7 @@ def _validate_pool(config: RunConfig) -> None:
         raise ValueError(f"pipeline.memory_budget must be a positive number of bytes, got {pipeline.memory_budget!r}")
     if pipeline.memory_cap is not None:
         raise ValueError("pipeline.memory_cap bounds a stage-bound auto cut; for roundrobin set pipeline.memory_budget")
+    _validate_weight_uploads(pipeline.weight_uploads or {})
     if config.train.device != "cpu":
         raise ValueError(
             "train.device is for stage-bound schedules; roundrobin keeps weights in host memory and runs on "
@@ -194,6 +195,23 @@ def _validate_pool(config: RunConfig) -> None:
             "optimizer.asynchronous cannot use fp16's loss scaler (its scale would move while the next step's "
             "loss is scaled with it): set train.precision: bf16, or optimizer.asynchronous: false"
         )
+
+
+WEIGHT_UPLOAD_KEYS = ("paced", "chunk_bytes", "window")
+
+
+def _validate_weight_uploads(options: dict) -> None:
+    """``pipeline.weight_uploads``: known keys, a bool and positive counts (checked again by WeightUploads)."""
+    unknown = sorted(set(options) - set(WEIGHT_UPLOAD_KEYS))
+    if unknown:
+        raise ValueError(f"pipeline.weight_uploads has unknown key(s) {unknown}; the keys are "
+                         f"{', '.join(WEIGHT_UPLOAD_KEYS)}")
+    if not isinstance(options.get("paced", False), bool):
+        raise ValueError(f"pipeline.weight_uploads.paced is {options['paced']!r}; use true or false")
+    for key, least in (("chunk_bytes", "1 byte"), ("window", "1 chunk in flight")):
+        value = options.get(key, 1)
+        if isinstance(value, bool) or value < 1:
+            raise ValueError(f"pipeline.weight_uploads.{key} is {value!r}; it needs at least {least}")
 
 
 POOL_CUT_KEYS = ("forward", "last", "backward")

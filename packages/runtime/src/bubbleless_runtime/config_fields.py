@@ -158,6 +158,12 @@ class PipelineConfig:
     pin_memory: bool | None = None
     """``roundrobin`` only: keep the host weights in pinned (page-locked) buffers so uploads overlap
     compute. Default: when a GPU is among ``devices``; turn it off on a machine with little RAM."""
+    weight_uploads: dict[str, int | bool] | None = None
+    """``roundrobin`` only: how each device's weight copies are issued (``bubbleless_offload.WeightUploads``),
+    e.g. ``{chunk_bytes: 16777216, window: 2}``. ``paced`` (default: on a GPU) cuts a job's weights into
+    ``chunk_bytes`` chunks (default 32 MiB), ``window`` (default 2) in flight, behind the activation
+    uploads, so the running job's activations never queue behind the next job's weights; ``paced: false``
+    issues them all at once."""
     memory_cap: float | None = None
     """Stage-bound schedules with ``partition: auto``: bytes a stage (a rank, for V schedules) may hold, counted as parameter
     bytes plus one micro-batch's saved activations; no cut that fits raises an error naming the smallest

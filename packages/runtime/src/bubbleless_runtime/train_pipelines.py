@@ -161,6 +161,7 @@ def pool_pipeline(config: RunConfig, piped, loss, sample_input, loss_scaler=None
         sample_input=sample_input,  # partition: auto times the layers on the first step's first micro-batch
         memory_budget=p.memory_budget,
         pin_memory=p.pin_memory,
+        weight_uploads=p.weight_uploads,
         # the one precision the trainer steps in (train.precision's names are the pool's): an automatic plan
         # then holds room for what that precision saves alone, not the most of fp32, bf16 and fp16
         precision=config.train.precision,
