@@ -62,18 +62,11 @@ from __future__ import annotations
 
 import threading
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
-from bubbleless_offload import (
-    DeviceOutOfMemory,
-    DeviceStreams,
-    HostOptimizer,
-    HostStore,
-    MemoryBudget,
-    WeightUploads,
-)
+from bubbleless_offload import DeviceOutOfMemory, HostStore, MemoryBudget
 from bubbleless_offload.host_optimizer_async import AsyncHostOptimizer
 from bubbleless_partition import Partition, Profile
 from bubbleless_schedules import Costs, Schedule, Span, Timeline, add_weight_transfers, peak_memory, simulate
@@ -85,6 +78,7 @@ from .arguments import check_common
 from .batches import check_batch, signature_of, split_batch
 from .pool_board import Board, PoolAborted
 from .pool_memory import check_fits
+from .pool_options import asks_asynchronous, host_optimizer, weight_upload_options
 from .pool_overlap import check_overlap, overlapped_steps
 from .pool_precision import check_step_precision, precisions_of
 from .pool_routes import routes_of
@@ -164,7 +158,7 @@ class RoundRobinPipeline:
                  timeout: float = DEFAULT_TIMEOUT, trace: bool = True, precision: str | None = None,
                  weight_uploads: dict | None = None) -> None:
         check_common(loss_fn, num_microbatches, timeout)
-        weight_uploads = _weight_upload_options(weight_uploads)
+        weight_uploads = weight_upload_options(weight_uploads)
         self.precisions = precisions_of(precision)
         self.precision = precision
         if memory_budget is not None and not (isinstance(memory_budget, (int, float)) and memory_budget > 0):
@@ -183,14 +177,14 @@ class RoundRobinPipeline:
         self.plan_objective: str | None = None  # what partition="auto" ranked its plans by (``_plan``)
         self._warn_single_steps = False  # planned for overlapped steps unasked: say so at the first step()
         self.schedule = self._plan(schedule, partition, sample_input, costs, dict(schedule_options or {}),
-                                   overlapped=_asks_asynchronous(optimizer))
+                                   overlapped=asks_asynchronous(optimizer))
         self.groups: PoolGroups = pool_groups(self.schedule)
         self.partition = self.groups
         pin = self.has_gpu if pin_memory is None else pin_memory
         self.store = HostStore(self.layers, pin_memory=pin, frozen_safetensors=frozen_safetensors,
                                safetensors_key=safetensors_key)
         check_fits(self.schedule, self.store, memory_budget, self.devices, self.profile, self.input_bytes)
-        self.optimizer = _host_optimizer(self.store, optimizer)
+        self.optimizer = host_optimizer(self.store, optimizer)
         self.routes = routes_of(self.schedule)
         self.interpreter = POOL
         self.workers = [
@@ -401,51 +395,6 @@ class RoundRobinPipeline:
 
     def peak_weight_layers(self) -> tuple[int, ...]:
         return peak_weight_layers(self.schedule)
-
-
-def _weight_upload_options(options) -> dict:
-    """``weight_uploads`` checked: a mapping of ``WeightUploads``' keyword arguments (values checked there)."""
-    if options is None:
-        return {}
-    if not isinstance(options, Mapping):
-        raise ValueError(f"weight_uploads must be a dict of {WEIGHT_UPLOAD_OPTIONS}, got {options!r}")
-    unknown = sorted(set(options) - set(WEIGHT_UPLOAD_OPTIONS))
-    if unknown:
-        raise ValueError(f"weight_uploads: unknown option(s) {unknown}; the options are {WEIGHT_UPLOAD_OPTIONS}")
-    WeightUploads(DeviceStreams("cpu"), **options)  # checks the values now, before any planning
-    return dict(options)
-
-
-WEIGHT_UPLOAD_OPTIONS = ("paced", "chunk_bytes", "window")
-
-
-def _asks_asynchronous(options) -> bool:
-    """Whether ``optimizer`` asks for the one-step-stale optimizer (its settings are checked later, by
-    ``_host_optimizer``; planning needs only this)."""
-    return isinstance(options, Mapping) and options.get("asynchronous") is True
-
-
-def _host_optimizer(store: HostStore, options) -> HostOptimizer | AsyncHostOptimizer | None:
-    if options is None:
-        return None
-    if not isinstance(options, Mapping):
-        raise ValueError(f"optimizer must be None or a dict of HostOptimizer settings such as "
-                         f"{{'name': 'adamw', 'lr': 1e-4}}, got {options!r}")
-    options = dict(options)
-    if "async" in options:
-        raise ValueError("optimizer option 'async' is spelled 'asynchronous' here ('async' is a Python keyword): "
-                         "pass {'asynchronous': True, ...}")
-    asynchronous = options.pop("asynchronous", False)
-    if not isinstance(asynchronous, bool):
-        raise ValueError(f"optimizer option 'asynchronous' must be True or False, got {asynchronous!r}")
-    try:
-        return (AsyncHostOptimizer if asynchronous else HostOptimizer)(store, **options)
-    except TypeError as error:
-        if "keyword argument" not in str(error):
-            raise
-        raise ValueError(f"optimizer options {sorted(options)}: {error}; the settings are HostOptimizer's "
-                         "(name, lr, betas, eps, weight_decay, momentum, max_grad_norm, loss_scaler, fused) "
-                         "and 'asynchronous'") from None
 
 
 def _copied_input_bytes(sample_input, devices) -> int:
