@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from bubbleless_offload import DeviceStreams, HostOptimizer, HostStore, WeightUploads
 from bubbleless_offload.host_optimizer_async import AsyncHostOptimizer
 
-WEIGHT_UPLOAD_OPTIONS = ("paced", "chunk_bytes", "window")
+from .config_checks import WEIGHT_UPLOAD_KEYS as WEIGHT_UPLOAD_OPTIONS
 
 
 def weight_upload_options(options) -> dict:
