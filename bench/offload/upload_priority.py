@@ -7,7 +7,7 @@ synchronous.
 Each round uploads ``--weights-mib`` of pinned host weights to the device, issued at once (``paced=False``)
 or in ``--chunk-mib`` chunks with ``--window`` in flight (``paced=True``, the default on a GPU), the two
 alternating; right after the upload starts, a ``--activation-mib`` pinned activation is copied on the
-activations stream and reported. Measured per round (host clock, each copy synchronized): the activation's
+activations stream inside ``activation_first()``, as the pool's workers queue theirs. Measured per round (host clock, each copy synchronized): the activation's
 latency from its issue to its arrival, and the weights' total time (what pacing costs the weights).
 Writes ``bench/results/upload_priority.md`` with ``--write``.
 """
@@ -36,8 +36,8 @@ def _round(streams, paced: bool, args, host, device_copy, activation) -> tuple[f
     start = time.perf_counter()
     upload = uploads.upload([(host, device_copy)])
     issued = time.perf_counter()
-    _, arrived = to_device(activation, streams.device, stream=streams.activations_in)
-    uploads.activation_started(arrived)
+    with uploads.activation_first():
+        _, arrived = to_device(activation, streams.device, stream=streams.activations_in)
     arrived.synchronize()
     landed = time.perf_counter()
     upload.synchronize()

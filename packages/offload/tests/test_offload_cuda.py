@@ -88,18 +88,19 @@ def test_activations_round_trip_through_pinned_host_buffers_on_side_streams():
 
 
 def test_paced_weight_uploads_let_an_activation_copy_land_while_weights_still_arrive():
-    """256 MiB of weights in 8 MiB chunks, two in flight; a 1 MiB activation copy reported meanwhile lands
-    behind at most two chunks, long before the weights (which need 5-10 ms at PCIe/NVLink rates)."""
+    """256 MiB of weights in 8 MiB chunks, two in flight; a 1 MiB activation copy queued meanwhile lands
+    while chunks of the weights are still not even issued (they need 5-10 ms at PCIe/NVLink rates)."""
     streams = DeviceStreams("cuda")
     uploads = WeightUploads(streams, chunk_bytes=8 << 20, window=2)
     assert uploads.paced
     host = torch.randn(64 << 20).pin_memory()
+    activation = torch.randn(1 << 18).pin_memory()
     device_copy = torch.empty_like(host, device=streams.device)
     upload = uploads.upload([(host, device_copy)])
-    activation, arrived = to_device(torch.randn(1 << 18).pin_memory(), streams.device, stream=streams.activations_in)
-    uploads.activation_started(arrived)
+    with uploads.activation_first():
+        _, arrived = to_device(activation, streams.device, stream=streams.activations_in)
     arrived.synchronize()
-    assert not upload.query()  # the activation is down, the weights are still coming
+    assert upload.chunks_left > 0  # paced: the activation did not wait for the whole job's weights
     upload.wait(streams.compute)
     upload.synchronize()
     assert torch.equal(device_copy.cpu(), host)

@@ -10,6 +10,7 @@ which chunks had already been copied.
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -95,6 +96,7 @@ class GatedStream(CpuStream):
         super().__init__("weights_in")
         self.gate = threading.Event()
         self.waiting = threading.Event()  # the pump is blocked at the gate
+        self.passed = threading.Event()  # the pump went through the gate
 
     def record_event(self):
         stream = self
@@ -103,61 +105,148 @@ class GatedStream(CpuStream):
             def synchronize(self) -> None:
                 stream.waiting.set()
                 assert stream.gate.wait(10), "the test never opened the gate"
+                stream.passed.set()
 
         return Held()
 
 
-def gated_uploads(**options) -> WeightUploads:
+class ActivationStream(CpuStream):
+    """activations_in whose events record, when the weights stream is made to wait for them, how many
+    elements of ``watched`` (a weight destination) had been copied by then."""
+
+    def __init__(self, watched: torch.Tensor) -> None:
+        super().__init__("activations_in")
+        self.seen: list[tuple[str, int]] = []
+        self.watched = watched
+
+    def record_event(self):
+        stream = self
+
+        class Landed(CpuEvent):
+            def wait(self, other=None) -> None:
+                stream.seen.append((other.name, int((stream.watched != 0).sum())))
+
+        return Landed()
+
+
+def gated_uploads(watched=None, **options) -> WeightUploads:
     streams = DeviceStreams("cpu")
     streams.weights_in = GatedStream()
+    if watched is not None:
+        streams.activations_in = ActivationStream(watched)
     return WeightUploads(streams, paced=True, **options)
 
 
-def test_a_reported_activation_goes_before_the_weight_chunks_not_yet_issued():
-    uploads = gated_uploads(chunk_bytes=40, window=1)
+def test_an_activation_goes_before_the_weight_chunks_not_yet_issued():
     copies = pairs((40,))  # 160 bytes: four chunks of 10 elements
-    seen = []
-
-    class Activation(CpuEvent):
-        def wait(self, stream=None) -> None:  # the engine orders the weights stream after this copy
-            seen.append((stream.name, int((copies[0][1] != 0).sum())))
-
+    uploads = gated_uploads(copies[0][1], chunk_bytes=40, window=1)
     upload = uploads.upload(copies)
     assert uploads.streams.weights_in.waiting.wait(5)  # chunk 1 copied, the pump holds chunk 2
-    uploads.activation_started(Activation())
+    with uploads.activation_first():
+        pass  # the caller's activation copies, queued on activations_in
     assert not upload.query() and upload.chunks_left == 2
     uploads.streams.weights_in.gate.set()
     upload.wait()
-    assert seen == [("weights_in", 10)]  # after chunk 1, before chunk 2: the activation went first
+    assert uploads.streams.activations_in.seen == [("weights_in", 10)]  # after chunk 1, before chunk 2
     assert torch.equal(*copies[0])
 
 
-def test_an_activation_reported_while_nothing_waits_is_not_kept():
+def test_no_weight_chunk_is_issued_while_an_activation_is_being_queued():
+    copies = pairs((40,))
+    uploads = gated_uploads(copies[0][1], chunk_bytes=40, window=1)
+    upload = uploads.upload(copies)
+    weights_in = uploads.streams.weights_in
+    assert weights_in.waiting.wait(5)
+    with uploads.activation_first():  # a blocking copy from pageable memory takes this long, say
+        weights_in.gate.set()
+        assert weights_in.passed.wait(5)  # the window has room again, yet chunk 2 must wait
+        time.sleep(0.2)
+        assert int((copies[0][1] != 0).sum()) == 10
+    upload.wait()
+    assert torch.equal(*copies[0])
+
+
+def test_an_activation_queued_while_nothing_waits_is_not_kept():
+    copies = pairs((64,))
     uploads = WeightUploads(DeviceStreams("cpu"), paced=True, chunk_bytes=64)
-    waited = []
-
-    class Activation(CpuEvent):
-        def wait(self, stream=None) -> None:
-            waited.append(stream)
-
-    uploads.activation_started(Activation())
-    uploads.upload(pairs((64,))).wait()
-    assert waited == []
+    uploads.streams.activations_in = ActivationStream(copies[0][1])
+    with uploads.activation_first():
+        pass
+    uploads.upload(copies).wait()
+    assert uploads.streams.activations_in.seen == []
 
 
-def test_cancel_issues_no_further_chunk_and_the_next_upload_still_arrives():
+def test_the_window_counts_the_chunks_a_finished_pump_left_in_flight():
+    uploads = gated_uploads(chunk_bytes=40, window=1)
+    first = pairs((10,))
+    uploads.upload(first).wait()  # issued; its pump thread ends with that chunk still in flight
+    while uploads._pump is not None:
+        time.sleep(0.01)
+    second = pairs((20,))
+    later = uploads.upload(second)  # a new pump: it must wait for the first chunk before issuing
+    assert uploads.streams.weights_in.waiting.wait(5)
+    assert int((second[0][1] != 0).sum()) == 0 and later.chunks_left == 1
+    uploads.streams.weights_in.gate.set()
+    later.wait()
+    assert torch.equal(*second[0])
+
+
+def test_cancel_drops_every_chunk_not_issued_and_the_next_upload_still_arrives():
     uploads = gated_uploads(chunk_bytes=40, window=1)
     first, second = pairs((40,)), pairs((12,))
     a, b = uploads.upload(first), uploads.upload(second)
     assert uploads.streams.weights_in.waiting.wait(5)
-    a.cancel()  # chunk 2 is already in the pump's hands; chunks 3 and 4 never go
+    a.cancel()  # chunk 2, in the pump's hands, is dropped as well as chunks 3 and 4
     uploads.streams.weights_in.gate.set()
     b.wait()
     assert torch.equal(*second[0])
-    assert int((first[0][1] != 0).sum()) == 20
+    assert int((first[0][1] != 0).sum()) == 10
     with pytest.raises(ValueError, match="cancelled"):
         a.wait()
     assert not a.query()
+
+
+def test_a_pump_that_cannot_start_fails_the_queued_uploads_and_the_next_one_starts(monkeypatch):
+    uploads = WeightUploads(DeviceStreams("cpu"), paced=True, chunk_bytes=64)
+
+    def refuse(self):
+        raise RuntimeError("can't start new thread")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(threading.Thread, "start", refuse)
+        with pytest.raises(RuntimeError, match="can't start new thread"):
+            uploads.upload(pairs((64,)))
+    assert uploads.queued == 0 and uploads._pump is None
+    copies = pairs((64,))
+    uploads.upload(copies).wait()
+    assert torch.equal(*copies[0])
+
+
+def test_a_chunk_failing_after_its_upload_was_handed_out_is_raised_by_that_upload():
+    streams = DeviceStreams("cpu")
+    failures = iter([RuntimeError("copy engine fault")])
+
+    class Faulty(CpuStream):
+        def record_event(self):
+            error = next(failures, None)
+
+            class Event(CpuEvent):
+                def synchronize(self) -> None:
+                    if error is not None:
+                        raise error
+
+            return Event()
+
+    streams.weights_in = Faulty("weights_in")
+    uploads = WeightUploads(streams, paced=True, chunk_bytes=40, window=1)
+    first = uploads.upload(pairs((10,)))
+    first.wait()  # issued and handed out; its event fails only when the window next waits on it
+    copies = pairs((20,))
+    uploads.upload(copies).wait()
+    assert torch.equal(*copies[0])  # the later upload is not blamed
+    with pytest.raises(RuntimeError, match="copy engine fault"):
+        first.wait()
+    assert not first.query()
 
 
 def test_a_failing_copy_reaches_its_waiter_and_later_uploads_still_run():

@@ -25,19 +25,22 @@ def _pool(model, **kwargs):
                               timeout=60, weight_uploads=PACED, **kwargs)
 
 
-def test_rt_pool_paced_uploads_give_the_unpipelined_gradients_and_hear_of_every_activation(monkeypatch):
+def test_rt_pool_paced_uploads_give_the_unpipelined_gradients_and_put_every_activation_first(monkeypatch):
     model, ref = tiny_model(7), tiny_model(7)
     pipe = _pool(model)
     assert all(w.weights.uploads.paced and w.weights.uploads.chunk_bytes == 256 for w in pipe.workers)
-    reported, uploaded = [], []
+    held, uploaded = [], []
     for worker in pipe.workers:
-        monkeypatch.setattr(worker.weights.uploads, "activation_started", reported.append)
+        first = worker.weights.uploads.activation_first
+        monkeypatch.setattr(worker.weights.uploads, "activation_first",
+                            lambda first=first: held.append(1) or first())  # the real one still runs
         upload = worker._upload
         monkeypatch.setattr(worker, "_upload", lambda *a, upload=upload: uploaded.append(1) or upload(*a))
     inputs, targets = tiny_batch(8)
     loss = pipe.step(inputs, targets)
     _assert_same(model, ref, inputs, targets, 4, loss)
-    assert len(reported) == len(uploaded) > 0  # every activation upload (inputs and gradients) is reported
+    assert len(held) == len(uploaded) > 0  # every activation upload (inputs and gradients) goes first
+    assert all(w.weights.uploads._activations_open == 0 for w in pipe.workers)
 
 
 def test_rt_pool_paced_overlapped_steps_equal_plain_adamw_one_step_late():

@@ -162,7 +162,7 @@ class DeviceWeights:
                 raise ValueError(f"job {loaded.layers} on {self.device} was released already")
             loaded._released = True
             if loaded.ready is not None:
-                loaded.ready.cancel()  # chunks not issued yet never go; those issued write into freed memory
+                loaded.ready.cancel()  # chunks not issued yet never go (issued ones finish in stream order)
             for owner, key, placeholder in loaded._rebound:
                 owner._parameters[key] = placeholder
             for shell in filter(None, loaded._shells):

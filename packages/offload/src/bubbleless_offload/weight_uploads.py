@@ -8,17 +8,19 @@ RoundPipe cuts weight uploads into chunks queued behind pending activation uploa
 
 - ``paced`` (the default on an accelerator): ``upload`` returns at once and a pump thread issues the
   copies chunk by chunk (each at most ``chunk_bytes``, a large tensor sliced, small ones grouped) on the
-  ``weights_in`` stream, keeping at most ``window`` chunks in flight. An activation upload the caller
-  reports with ``activation_started(event)`` goes first: the next weight chunk waits for it on the
-  device, so a new activation copy waits behind at most ``window`` chunks, never behind a whole job.
-  The pump thread starts when there is work and ends when the queue is empty.
+  ``weights_in`` stream, keeping at most ``window`` chunks in flight (counted across pump threads). An
+  activation upload the caller queues inside ``with uploads.activation_first():`` goes first: no weight
+  chunk is issued while it is being queued, and the next one waits for it on the device, so a new
+  activation copy waits behind at most ``window`` chunks, never behind a whole job. The pump thread
+  starts when there is work and ends when the queue is empty.
 - Not paced (the default on CPU, where every copy is synchronous and nothing overlaps): ``upload``
   issues every copy on the calling thread, as one chunk.
 
 Priorities, in order: activation uploads; weight uploads in the order ``upload`` was called (the job
 running now before the job prefetched). ``Upload.wait(stream)`` is what a consumer calls before
 reading the weights; it blocks the calling thread only until the last chunk is *issued*, then orders
-``stream`` after it on the device, as an event's ``wait`` does.
+``stream`` after it on the device, as an event's ``wait`` does (so queue a job's input before waiting
+for its weights: the input then goes ahead of the weights' last chunks).
 """
 
 from __future__ import annotations
@@ -126,13 +128,13 @@ class WeightUploads:
     """The weight uploads of one device (``streams``: its ``DeviceStreams``); see the module docstring.
 
     ``paced``: None means paced on an accelerator, not on CPU. ``chunk_bytes`` and ``window`` apply
-    when paced. Thread-safe: any thread may upload and report activations."""
+    when paced. Thread-safe: any thread may upload and queue activations."""
 
     def __init__(self, streams: DeviceStreams, *, paced: bool | None = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                  window: int = DEFAULT_WINDOW) -> None:
-        if not isinstance(chunk_bytes, int) or chunk_bytes < 1:
+        if not isinstance(chunk_bytes, int) or isinstance(chunk_bytes, bool) or chunk_bytes < 1:
             raise ValueError(f"chunk_bytes must be a positive number of bytes, got {chunk_bytes!r}")
-        if not isinstance(window, int) or window < 1:
+        if not isinstance(window, int) or isinstance(window, bool) or window < 1:
             raise ValueError(f"window must be at least 1 chunk in flight, got {window!r}")
         if not (paced is None or isinstance(paced, bool)):
             raise ValueError(f"paced must be True, False or None (paced on an accelerator), got {paced!r}")
@@ -141,8 +143,11 @@ class WeightUploads:
         self.chunk_bytes = chunk_bytes
         self.window = window
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)  # an activation upload ended
         self._queue: deque[Upload] = deque()
         self._activations: list = []  # events of activation uploads the next weight chunk waits for
+        self._activations_open = 0  # activation uploads being queued now: no weight chunk goes meanwhile
+        self._in_flight: deque = deque()  # (upload, event) of the chunks issued last, across pump threads
         self._pump: threading.Thread | None = None
 
     @property
@@ -168,19 +173,41 @@ class WeightUploads:
                 return upload
             self._queue.append(upload)
             if self._pump is None:
-                name = f"bubbleless-weight-uploads-{self.streams.device}"
-                self._pump = threading.Thread(target=self._run_pump, name=name, daemon=True)
-                self._pump.start()
+                self._start_pump()
         return upload
 
-    def activation_started(self, event) -> None:
-        """Report an activation upload queued on the device (``event`` marks its end): weight chunks not
-        issued yet go after it. Nothing to do when no weight upload is waiting."""
+    @contextlib.contextmanager
+    def activation_first(self):
+        """Around queueing an activation upload on ``activations_in``: weight chunks not issued yet wait,
+        on the host while it is being queued (a copy from pageable memory blocks, and is staged in
+        pieces other copies could slip between), then on the device until it has landed."""
         with self._lock:
-            if self._queue:
-                self._activations.append(event)
+            self._activations_open += 1
+        try:
+            yield
+        finally:
+            event = self.streams.record(self.streams.activations_in)
+            with self._lock:
+                self._activations_open -= 1
+                if self._queue:  # nothing waiting: nothing to order
+                    self._activations.append(event)
+                self._changed.notify_all()
 
     # ---- internals ----
+
+    def _start_pump(self) -> None:
+        """A pump thread for the queue (locked). If no thread can start, every queued upload fails with why."""
+        pump = threading.Thread(target=self._run_pump, name=f"bubbleless-weight-uploads-{self.streams.device}",
+                                daemon=True)
+        try:
+            pump.start()
+        except BaseException as error:
+            for upload in self._queue:
+                upload._chunks.clear()
+                upload._finish(error=error)
+            self._queue.clear()
+            raise
+        self._pump = pump
 
     def _issue(self, chunk: list[Copy], waits: list):
         """Queue ``chunk``'s copies on ``weights_in`` after the events in ``waits``; the event of their end."""
@@ -192,22 +219,40 @@ class WeightUploads:
                 destination.copy_(source, non_blocking=source.is_pinned())
         return _record_blocking(stream)
 
+    def _next_chunk(self):
+        """(upload, chunk) to issue next, or None once the queue is empty (the pump then ends) (locked)."""
+        while self._queue and not self._queue[0]._chunks:  # cancelled before its next chunk
+            self._queue.popleft()._finish()
+        if not self._queue:
+            self._pump = None
+            self._activations.clear()  # reported for uploads that are all issued now
+            return None
+        upload = self._queue[0]
+        return upload, upload._chunks.popleft()
+
     def _run_pump(self) -> None:
         """Issue queued chunks in order, at most ``window`` in flight, until the queue is empty."""
-        in_flight: deque = deque()
+        torch.set_num_threads(torch.get_num_threads())  # a new thread's OpenMP team is every core otherwise
         while True:
             with self._lock:
-                while self._queue and not self._queue[0]._chunks:  # cancelled before its next chunk
-                    self._queue.popleft()._finish()
-                if not self._queue:
-                    self._pump = None
-                    return
-                upload = self._queue[0]
-                chunk = upload._chunks.popleft()
+                taken = self._next_chunk()
+            if taken is None:
+                return
+            upload, chunk = taken
             try:
-                while len(in_flight) >= self.window:
-                    in_flight.popleft().synchronize()
-                with self._lock:
+                while len(self._in_flight) >= self.window:
+                    owner, event = self._in_flight.popleft()
+                    try:
+                        event.synchronize()
+                    except BaseException as error:  # noqa: BLE001 - a chunk of an upload already handed out
+                        if owner is upload:
+                            raise
+                        owner._error = owner._error or error
+                with self._changed:
+                    while self._activations_open:
+                        self._changed.wait()
+                    if upload._cancelled:  # released meanwhile: drop the chunk (and its hold on the memory)
+                        continue
                     waits, self._activations = self._activations, []
                 event = self._issue(chunk, waits)
             except BaseException as error:  # noqa: BLE001 - handed to whoever waits for this upload
@@ -217,7 +262,7 @@ class WeightUploads:
                         self._queue.popleft()
                 upload._finish(error=error)
                 continue
-            in_flight.append(event)
+            self._in_flight.append((upload, event))
             with self._lock:
                 if not upload._chunks:
                     if self._queue and self._queue[0] is upload:

@@ -165,13 +165,12 @@ class DeviceWorker:
         payload.ready.synchronize()
         self.budget.reserve(payload.nbytes, what)
         tensors = []
-        with stream_context(self.streams.activations_in):
+        # weight chunks not yet issued go after it: held while it is queued, then ordered after it on the device
+        with self.weights.uploads.activation_first(), stream_context(self.streams.activations_in):
             for t in payload.tensors:
                 moved, _ = to_device(t, self.device, stream=self.streams.activations_in, used_on=self.streams.compute)
                 tensors.append(moved)
-        arrived = self.streams.record(self.streams.activations_in)
-        arrived.wait(self.streams.compute)
-        self.weights.uploads.activation_started(arrived)  # weight chunks not yet issued go after it
+        self.streams.record(self.streams.activations_in).wait(self.streams.compute)
         return (tuple(tensors) if payload.is_tuple else tensors[0]), payload.nbytes
 
     def _download(self, activation) -> HostActivation:
@@ -302,8 +301,8 @@ def forward(worker: DeviceWorker, action: Action, state: WorkerState) -> None:
     j = action.stage
     payloads = worker._wait(action, state)
     layers = worker.groups.layers(j)
+    x, _ = worker._input(action, state, payloads, layers.start)  # queued before the wait for the weights
     loaded = worker._job(j)
-    x, _ = worker._input(action, state, payloads, layers.start)
     saves, saved = worker.routes.saves[j], {}
     with torch.no_grad(), stream_context(worker.streams.compute):
         for index, module in zip(layers, loaded.modules, strict=True):
@@ -324,8 +323,8 @@ def forward_last(worker: DeviceWorker, action: Action, state: WorkerState) -> No
     head's weight gradient, so W never keeps the logits-sized output gradient."""
     j, m = action.stage, action.microbatch
     payloads = worker._wait(action, state)
-    loaded = worker._job(j)
     x, nbytes = worker._input(action, state, payloads, worker.groups.layers(j).start)
+    loaded = worker._job(j)
     activation, leaves = worker._leaves(x)
     loss_fn, modules = state.step.loss_fn, loaded.modules
     fused = getattr(loss_fn, "fused_head_backward", None)
@@ -351,8 +350,8 @@ def forward_last(worker: DeviceWorker, action: Action, state: WorkerState) -> No
 def recompute(worker: DeviceWorker, action: Action, state: WorkerState) -> None:
     j, m = action.stage, action.microbatch
     payloads = worker._wait(action, state)
-    loaded = worker._job(j)
     x, nbytes = worker._input(action, state, payloads, worker.groups.layers(j).start)
+    loaded = worker._job(j)
     activation, leaves = worker._leaves(x)
     with stream_context(worker.streams.compute):
         out = worker._graph_forward(action, activation, loaded.modules, worker._saving(action, loaded, leaves, nbytes))
