@@ -41,6 +41,36 @@ def test_pool_reuses_a_released_buffer_of_the_same_byte_size():
     assert pool.bytes_reserved == 0
 
 
+class Copying:
+    """A device copy's event: incomplete until ``done`` is set."""
+
+    def __init__(self) -> None:
+        self.done = False
+
+    def query(self) -> bool:
+        return self.done
+
+
+def test_a_buffer_released_after_copies_is_reused_only_once_they_complete():
+    pool = PinnedPool(pin=False)
+    first = pool.acquire((16,), torch.float32)
+    address = first.data_ptr()
+    reading, writing = Copying(), Copying()
+    pool.release(first, after=(writing, reading))
+    assert pool.bytes_in_use == 0 and pool.bytes_reserved == 64
+    pool.clear()  # a buffer a copy still uses is not dropped
+    assert pool.bytes_reserved == 64
+    second = pool.acquire((16,), torch.float32)
+    assert second.data_ptr() != address  # a copy may still read the first
+    writing.done = True
+    pool.release(second)
+    third = pool.acquire((16,), torch.float32)
+    assert third.data_ptr() == second.data_ptr()  # the free one, not the pending one
+    reading.done = True
+    fourth = pool.acquire((4, 4), torch.float32)
+    assert fourth.data_ptr() == address and pool.bytes_in_use == 128 and pool.bytes_reserved == 128
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given where no accelerator exists")
 def test_pinning_without_an_accelerator_says_to_pass_pin_false():
     with pytest.raises(ValueError, match="pass pin=False"):

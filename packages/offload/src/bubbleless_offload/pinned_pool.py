@@ -34,8 +34,10 @@ class PinnedPool:
         self._lock = threading.Lock()
         self._free: dict[int, list[torch.Tensor]] = {}  # byte size -> released uint8 buffers
         self._in_use: dict[int, torch.Tensor] = {}  # data_ptr -> the uint8 buffer handed out
+        self._pending: list[tuple[torch.Tensor, tuple]] = []  # released, reusable once the events complete
         self._bytes_in_use = 0
         self._bytes_free = 0
+        self._bytes_pending = 0
 
     @property
     def bytes_in_use(self) -> int:
@@ -44,8 +46,8 @@ class PinnedPool:
 
     @property
     def bytes_reserved(self) -> int:
-        """Bytes the pool holds in all: in use plus kept for reuse."""
-        return self._bytes_in_use + self._bytes_free
+        """Bytes the pool holds in all: in use, released but still read or written by a copy, kept for reuse."""
+        return self._bytes_in_use + self._bytes_pending + self._bytes_free
 
     def acquire(self, shape: Sequence[int] | torch.Size, dtype: torch.dtype) -> torch.Tensor:
         """A contiguous host tensor of ``shape`` and ``dtype`` (contents undefined); give it back with ``release``."""
@@ -54,6 +56,7 @@ class PinnedPool:
         if nbytes == 0:  # nothing to pin or reuse; release() accepts it and does nothing
             return torch.empty(shape, dtype=dtype)
         with self._lock:
+            self._reclaim()
             kept = self._free.get(nbytes)
             if kept:
                 buffer = kept.pop()
@@ -67,10 +70,13 @@ class PinnedPool:
             self._bytes_in_use += nbytes
         return buffer.view(dtype).view(shape)
 
-    def release(self, tensor: torch.Tensor) -> None:
-        """Return a tensor from ``acquire`` for reuse. Any copy still reading or writing it must be done."""
+    def release(self, tensor: torch.Tensor, *, after=()) -> None:
+        """Return a tensor from ``acquire`` for reuse. ``after``: events of copies still reading or writing it
+        (a device's asynchronous copies); it is handed out again only once every one has completed.
+        Without them, any copy of it must be done."""
         if tensor.numel() == 0:
             return
+        events = tuple(after)
         with self._lock:
             buffer = self._in_use.pop(tensor.data_ptr(), None)
             if buffer is None:
@@ -78,14 +84,34 @@ class PinnedPool:
                     "release() got a tensor this pool did not hand out (or one released already); "
                     "release exactly the tensor acquire() returned, once"
                 )
-            nbytes = buffer.numel()
-            self._bytes_in_use -= nbytes
-            self._bytes_free += nbytes
-            self._free.setdefault(nbytes, []).append(buffer)
+            self._bytes_in_use -= buffer.numel()
+            if events:
+                self._pending.append((buffer, events))
+                self._bytes_pending += buffer.numel()
+            else:
+                self._keep(buffer)
+
+    def _keep(self, buffer: torch.Tensor) -> None:
+        """``buffer`` free for reuse (locked)."""
+        self._bytes_free += buffer.numel()
+        self._free.setdefault(buffer.numel(), []).append(buffer)
+
+    def _reclaim(self) -> None:
+        """Released buffers whose copies have completed become free for reuse (locked)."""
+        still = []
+        for buffer, events in self._pending:
+            if all(event.query() for event in events):
+                self._bytes_pending -= buffer.numel()
+                self._keep(buffer)
+            else:
+                still.append((buffer, events))
+        self._pending = still
 
     def clear(self) -> None:
-        """Drop the buffers kept for reuse (in-use buffers stay valid), returning their memory."""
+        """Drop the buffers kept for reuse (in-use buffers, and released ones a copy still uses, stay),
+        returning their memory."""
         with self._lock:
+            self._reclaim()
             self._free.clear()
             self._bytes_free = 0
 

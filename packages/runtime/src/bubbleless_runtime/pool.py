@@ -66,7 +66,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from bubbleless_offload import DeviceOutOfMemory, HostStore, MemoryBudget
+from bubbleless_offload import DeviceOutOfMemory, HostStore, MemoryBudget, PinnedPool
 from bubbleless_offload.host_optimizer_async import AsyncHostOptimizer
 from bubbleless_partition import Partition, Profile
 from bubbleless_schedules import Costs, Schedule, Span, Timeline, add_weight_transfers, peak_memory, simulate
@@ -82,7 +82,7 @@ from .pool_options import asks_asynchronous, host_optimizer, weight_upload_optio
 from .pool_overlap import check_overlap, overlapped_steps
 from .pool_precision import check_step_precision, precisions_of
 from .pool_routes import routes_of
-from .pool_worker import POOL, DeviceWorker, PoolStep, WorkerState, run_worker
+from .pool_worker import POOL, DeviceWorker, PoolStep, WorkerState, host_buffer_release, run_worker
 from .stages import layers_of
 
 DEFAULT_TIMEOUT = 300.0
@@ -187,9 +187,12 @@ class RoundRobinPipeline:
         self.optimizer = host_optimizer(self.store, optimizer)
         self.routes = routes_of(self.schedule)
         self.interpreter = POOL
+        # activations cross devices through these host buffers, reused (and pinned, so copies are asynchronous)
+        self.host_buffers = PinnedPool(pin=pin)
         self.workers = [
             DeviceWorker(index=i, device=d, store=self.store, routes=self.routes, actions=self.schedule.actions[i],
-                         budget=MemoryBudget(memory_budget, d), pin_memory=pin, uploads=weight_uploads)
+                         budget=MemoryBudget(memory_budget, d), pin_memory=pin, uploads=weight_uploads,
+                         host_buffers=self.host_buffers)
             for i, d in enumerate(self.devices)
         ]
         self.holds_loss = True
@@ -259,7 +262,7 @@ class RoundRobinPipeline:
         micro_targets = split_batch(targets, self.num_microbatches, torch.device("cpu"))
         if self.optimizer is None:  # each step's gradients go into .grad; a host optimizer zeroes its own
             self.store.zero_grad()
-        board = Board(self.timeout, self.routes.readers)
+        board = self._board()
         shared = PoolStep(micro_inputs, micro_targets, board, self.loss_fn)
         states = [WorkerState(shared) for _ in self.workers]
         errors: list = [None] * len(self.workers)
@@ -299,10 +302,13 @@ class RoundRobinPipeline:
             if launched < len(finished):
                 finished[launched].wait(5.0)
             self._recover()
+            board.close()
             raise
         if board.failure is not None:
             self._recover()
+            board.close()  # after the devices' copies (reset waits for them): the host buffers go back
             raise self._explain(board.failure, errors, states) from None
+        board.close()  # every worker is done with it: what no reader finished goes back to the pool
         if self.optimizer is None:
             self.store.grads_to_params()
         elif optimizer_step:
@@ -370,6 +376,10 @@ class RoundRobinPipeline:
                 )
         assert not isinstance(failure, PoolAborted), "the first failure is a root cause by construction"
         return failure
+
+    def _board(self) -> Board:
+        """A step's board, whose payloads' host buffers go back to ``host_buffers`` when read (or closed)."""
+        return Board(self.timeout, self.routes.readers, release=host_buffer_release(self.host_buffers))
 
     def _recover(self) -> None:
         for worker in self.workers:

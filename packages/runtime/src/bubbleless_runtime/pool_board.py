@@ -24,9 +24,11 @@ class PoolTimeout(RuntimeError):
 class Board:
     """Thread-safe event -> payload map for one step (reset between steps)."""
 
-    def __init__(self, timeout: float, readers: dict | None = None) -> None:
+    def __init__(self, timeout: float, readers: dict | None = None, release=None) -> None:
         self.timeout = timeout
         self._readers = dict(readers or {})  # event -> reads left before its payload is dropped
+        self._release = release  # (payload, events of the copies that read it) -> None: its host buffers back
+        self._read_by: dict = {}  # event -> events of its readers' copies so far
         self._cond = threading.Condition()
         self._values: dict = {}
         self._failure: BaseException | None = None
@@ -66,10 +68,25 @@ class Board:
     def failure(self) -> BaseException | None:
         return self._failure
 
-    def read_done(self, event) -> None:
-        """One reader of ``event`` is done with its payload; after the last, the host tensors go."""
+    def read_done(self, event, copied=None) -> None:
+        """One reader of ``event`` is done with its payload (``copied``: the event of its copy out of the
+        host tensors, if that may still run); after the last, the host tensors go (back to the pool)."""
         with self._cond:
+            if copied is not None:
+                self._read_by.setdefault(event, []).append(copied)
             left = self._readers.get(event, 0) - 1
             self._readers[event] = left
             if left == 0 and event in self._values:
-                self._values[event] = None  # the event stays posted; its tensors are freed
+                self._drop(event)  # the event stays posted; its tensors are freed
+
+    def close(self) -> None:
+        """Give back the host tensors of every payload still held (a step that failed, or one no reader
+        finished). Call once no worker uses the board."""
+        with self._cond:
+            for event in list(self._values):
+                self._drop(event)
+
+    def _drop(self, event) -> None:
+        payload, self._values[event] = self._values[event], None
+        if payload is not None and self._release is not None:
+            self._release(payload, tuple(self._read_by.pop(event, ())))

@@ -44,7 +44,7 @@ from bubbleless_schedules import Schedule, simulate
 from bubbleless_schedules.action import Kind
 
 from .batches import check_batch, split_batch
-from .pool_board import Board, PoolAborted
+from .pool_board import PoolAborted
 from .pool_worker import PoolStep, WorkerState, device_thread
 
 __all__ = ["StepSpan", "deal_order", "overlapped_steps"]
@@ -131,7 +131,7 @@ class _Run:
         check_batch(inputs, targets, pipe.num_microbatches)
         cpu = torch.device("cpu")
         step = PoolStep(split_batch(inputs, pipe.num_microbatches, cpu), split_batch(targets, pipe.num_microbatches, cpu),
-                        Board(pipe.timeout, pipe.routes.readers), pipe.loss_fn)
+                        pipe._board(), pipe.loss_fn)
         iteration = _Iteration(index, step, self._view_for(index), list(self.order),
                                {row: WorkerState(step) for row in range(len(pipe.workers))},
                                hands_off=(index + 1) % self.accumulate == 0)
@@ -217,8 +217,16 @@ class _Run:
 
     # -- the caller's side ------------------------------------------------------------------------
     def forget(self, index: int) -> None:
+        """Drop step ``index`` (ended: no device uses its board) and what its board still holds."""
         with self.cond:  # devices walk the iterations under the lock when one fails
-            self.iterations.pop(index, None)
+            iteration = self.iterations.pop(index, None)
+        if iteration is not None:
+            iteration.step.board.close()
+
+    def close_boards(self) -> None:
+        """After ``stop`` (and ``abandon``): give back what the steps' boards still hold."""
+        for iteration in list(self.iterations.values()):
+            iteration.step.board.close()
 
     def trace_until(self, index: int) -> tuple[StepSpan, ...]:
         """The spans of steps ``index - 1`` and ``index`` (the overlap between them); older ones are dropped."""
@@ -344,6 +352,7 @@ def overlapped_steps(pipe, batches: Iterable, accumulate: int, autocast) -> Iter
         if not finished:  # no step ran (no batches), or the run was cut short: the threads leave
             run.stop(None)
             pipe._own_rows()
+        run.close_boards()
 
 
 def _first(pairs: Iterator, count: int) -> list:

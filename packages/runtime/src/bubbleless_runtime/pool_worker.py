@@ -36,6 +36,7 @@ from bubbleless_offload import (
     DeviceStreams,
     DeviceWeights,
     MemoryBudget,
+    PinnedPool,
     WeightUploads,
     stream_context,
     to_device,
@@ -92,7 +93,7 @@ class DeviceWorker:
     """One device of the pool: its weights, streams, memory budget and the graphs of its running job."""
 
     def __init__(self, *, index: int, device: torch.device, store, routes: Routes, actions, budget: MemoryBudget,
-                 pin_memory: bool = False, uploads: dict | None = None) -> None:
+                 pin_memory: bool = False, uploads: dict | None = None, host_buffers: PinnedPool | None = None) -> None:
         self.index = index
         self.device = device
         self.routes = routes
@@ -102,6 +103,7 @@ class DeviceWorker:
         self.weights = DeviceWeights(store, device, streams=self.streams, budget=budget,
                                      uploads=WeightUploads(self.streams, **(uploads or {})))
         self.pin_memory = pin_memory
+        self.host_buffers = host_buffers  # where activations going to the host land (None: new tensors)
         self.loaded: dict = {}  # job -> LoadedJob on this device
         self.graphs: dict = {}  # (job, mb) -> (roots, leaves, root grads or None) from R or the last F until B
         self.reserved: dict = {}  # (job, mb) -> activation bytes reserved on the budget
@@ -128,7 +130,10 @@ class DeviceWorker:
             event.synchronize()
 
     def reset(self) -> None:
-        """Drop everything a failed step left on the device, so the next step starts clean."""
+        """Drop everything a failed step left on the device, so the next step starts clean (its copies
+        done first: the host buffers they read or write go back to the pool with the step's board)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
         self.finished.clear()
         self.graphs.clear()
         for deferred in self.deferred.values():
@@ -162,6 +167,7 @@ class DeviceWorker:
         return loaded
 
     def _upload(self, payload: HostActivation, what: str):
+        """``payload`` on the device, its bytes reserved: (value, bytes, the event of the copy's end)."""
         payload.ready.synchronize()
         self.budget.reserve(payload.nbytes, what)
         tensors = []
@@ -170,15 +176,16 @@ class DeviceWorker:
             for t in payload.tensors:
                 moved, _ = to_device(t, self.device, stream=self.streams.activations_in, used_on=self.streams.compute)
                 tensors.append(moved)
-        self.streams.record(self.streams.activations_in).wait(self.streams.compute)
-        return (tuple(tensors) if payload.is_tuple else tensors[0]), payload.nbytes
+        arrived = self.streams.record(self.streams.activations_in)
+        arrived.wait(self.streams.compute)
+        return (tuple(tensors) if payload.is_tuple else tensors[0]), payload.nbytes, arrived
 
     def _download(self, activation) -> HostActivation:
         self.streams.record(self.streams.compute).wait(self.streams.out)
         tensors = []
         with stream_context(self.streams.out):
             for t in as_tuple(activation):
-                host, _ = to_host(t.detach(), stream=self.streams.out)
+                host, _ = to_host(t.detach(), stream=self.streams.out, pool=self.host_buffers)
                 tensors.append(host)
         return HostActivation(tuple(tensors), isinstance(activation, (tuple, list)), self.streams.record(self.streams.out))
 
@@ -190,8 +197,8 @@ class DeviceWorker:
             activation, nbytes = self._batch_on_device(state.step.inputs[action.microbatch],
                                                        f"{action}'s copy of the caller's micro-batch")
         else:
-            activation, nbytes = self._upload(payloads[event][at_layer], f"the input of {action}")
-            state.step.board.read_done(event)
+            activation, nbytes, arrived = self._upload(payloads[event][at_layer], f"the input of {action}")
+            state.step.board.read_done(event, arrived)
         self.reserved[(action.stage, action.microbatch)] = nbytes
         return activation, nbytes
 
@@ -286,6 +293,20 @@ class DeviceWorker:
         self._publish(action, state, payload)
 
 
+def host_buffer_release(pool: PinnedPool):
+    """The board's ``release`` for payloads whose host tensors came from ``pool``: each goes back once its
+    own copy down and every reader's copy up have completed."""
+
+    def release(payload, copied: tuple) -> None:
+        activations = payload.values() if isinstance(payload, dict) else (payload,)
+        for activation in activations:
+            if isinstance(activation, HostActivation):
+                for tensor in activation.tensors:
+                    pool.release(tensor, after=(activation.ready, *copied))
+
+    return release
+
+
 # -- handlers: handler(worker, action, state) ---------------------------------------------------------
 def load(worker: DeviceWorker, action: Action, state: WorkerState) -> None:
     job = action.stage
@@ -367,8 +388,8 @@ def backward(worker: DeviceWorker, action: Action, state: WorkerState) -> None:
     event = worker.routes.grad_event[action]
     with stream_context(worker.streams.compute):
         if event is not None:  # else the last group: grads start at the loss (or the fused head's input)
-            grads, nbytes = worker._upload(payloads[event], f"the output gradient of {action}")
-            state.step.board.read_done(event)
+            grads, nbytes, arrived = worker._upload(payloads[event], f"the output gradient of {action}")
+            state.step.board.read_done(event, arrived)
             worker.reserved[(j, m)] = worker.reserved.get((j, m), 0) + nbytes
             grads = as_tuple(grads)
         worker._finish_backward(action, state, roots, grads, leaves)
