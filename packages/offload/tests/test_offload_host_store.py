@@ -85,6 +85,23 @@ def test_accumulate_adds_any_dtype_into_fp32_and_zero_grad_clears():
     assert not hp.grad.any()
 
 
+def test_accumulate_all_checks_every_gradient_before_adding_any_and_batches_add_them_all(monkeypatch):
+    import bubbleless_offload.host_store as host_store
+
+    store = HostStore(tied_layers(), pin_memory=False)
+    grads = [(hp, torch.full(hp.param.shape, float(i + 1)), None) for i, hp in enumerate(store.trainable)]
+    with pytest.raises(ValueError, match="shape"):
+        store.accumulate_all([*grads, (store.trainable[0], torch.ones(3), None)])
+    assert not any(hp.grad.any() for hp in store.trainable)  # the bad last entry stopped every add
+    monkeypatch.setattr(host_store, "STAGE_BYTES", 64)  # a batch per gradient or two
+    store.accumulate_all(grads)
+    into = torch.zeros_like(store.trainable[0].grad)
+    store.accumulate_all([(store.trainable[0], torch.ones_like(into), into)])
+    for i, hp in enumerate(store.trainable):
+        assert torch.equal(hp.grad, torch.full(hp.param.shape, float(i + 1))), hp.name
+    assert torch.equal(into, torch.ones_like(into))
+
+
 def test_four_threads_accumulating_at_once_equal_the_serial_sum():
     store = HostStore(tied_layers(), pin_memory=False)
     # integer-valued grads: every order of adding gives the same fp32 sum, so equality is exact

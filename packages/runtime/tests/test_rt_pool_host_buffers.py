@@ -41,6 +41,17 @@ def test_rt_pool_a_failed_step_gives_its_host_buffers_back():
     assert pipe.host_buffers.bytes_in_use == 0
 
 
+def test_rt_pool_a_forward_failing_after_it_saved_an_activation_gives_that_buffer_back():
+    model = tiny_model(6)
+    model.insert(4, FailOn(fail_at=1))  # in forward job 1 (layers 2-4), after the save at layer 4
+    CALLS["count"] = 0
+    pipe = _pool(model, PoolGroups((2, 3), 2, (2, 2, 1)))
+    assert 4 in pipe.routes.saves[1]
+    with pytest.raises(RuntimeError, match="exploded on purpose"):
+        pipe.step(*tiny_batch(8))
+    assert pipe.host_buffers.bytes_in_use == 0  # the saved activation never reached the board
+
+
 def test_rt_pool_overlapped_steps_hold_no_more_host_buffers_than_two_steps_in_flight():
     pipe = _async_pool(tiny_model(7), asynchronous=True)
     pipe.step(*tiny_batch(8))

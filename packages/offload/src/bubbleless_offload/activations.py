@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from .pinned_pool import PinnedPool
-from .streams import CpuEvent, current_stream, mark_used_on, stream_context
+from .streams import CpuEvent, current_stream, mark_used_on, record_blocking, stream_context
 
 __all__ = ["to_device", "to_host"]
 
@@ -39,7 +39,7 @@ def to_host(tensor: torch.Tensor, *, stream=None, pool: PinnedPool | None = None
         mark_used_on(source, stream)
     with stream_context(copier):
         buffer.copy_(source, non_blocking=buffer.is_pinned())
-        return buffer, copier.record_event()
+        return buffer, record_blocking(copier)
 
 
 def to_device(host_tensor: torch.Tensor, device: torch.device | str, *, stream=None, used_on=None):
@@ -56,7 +56,7 @@ def to_device(host_tensor: torch.Tensor, device: torch.device | str, *, stream=N
     copier = stream if stream is not None else current_stream(device)
     with stream_context(copier):
         result = source.to(device, non_blocking=source.is_pinned(), copy=True)
-        event = copier.record_event()
+        event = record_blocking(copier)
     if used_on is not None:
         mark_used_on(result, used_on)
     return result, event

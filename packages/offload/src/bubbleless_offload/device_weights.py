@@ -140,18 +140,21 @@ class DeviceWeights:
         on the ``out`` stream, then drop them.
 
         Waits for the compute stream and the calling thread's current stream first. Returns an event
-        (already complete: the host copies are blocking). Frozen parameters are never touched.
+        (already complete: ``HostStore.accumulate_all`` waits for its copies). Frozen parameters are never
+        touched.
         """
         self._check_live(loaded)
         streams = self.streams
         for stream in (streams.compute, streams.current()):
             streams.record(stream).wait(streams.out)
         with stream_context(streams.out):
+            grads = []
             for hp, param in loaded._params.values():
                 if hp.trainable and param.grad is not None:
                     mark_used_on(param.grad, streams.out)
-                    into = None if loaded.view is None else loaded.view.grad_of(hp)
-                    self.store.accumulate(hp, param.grad, into)
+                    grads.append((hp, param.grad, None if loaded.view is None else loaded.view.grad_of(hp)))
+            self.store.accumulate_all(grads)  # the copies queued together, one wait per batch of them
+            for _, param in loaded._params.values():
                 param.grad = None
             return streams.record(streams.out)
 

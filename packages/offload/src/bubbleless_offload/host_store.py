@@ -30,8 +30,13 @@ from torch import nn
 
 from .mmap_safetensors import map_frozen
 from .pinned_pool import PinnedPool
+from .streams import current_stream, record_blocking
 
-__all__ = ["HostParam", "HostStore"]
+__all__ = ["STAGE_BYTES", "HostParam", "HostStore"]
+
+STAGE_BYTES = 64 << 20
+"""Device gradients a store stages on the host before one wait (``accumulate_all``): a job's worth of
+per-parameter waits become a few, while the pinned staging a device holds at once stays bounded."""
 
 
 @dataclass(eq=False, kw_only=True)
@@ -189,11 +194,30 @@ class HostStore:
 
     def accumulate(self, host_param: HostParam, device_grad: torch.Tensor, into: torch.Tensor | None = None) -> None:
         """Add ``device_grad`` (any device, any float dtype) into ``host_param``'s fp32 accumulator (or into
-        ``into``, another accumulator of its shape: a ``HostView``'s).
+        ``into``, another accumulator of its shape: a ``HostView``'s). Thread-safe; ``accumulate_all``."""
+        self.accumulate_all([(host_param, device_grad, into)])
 
-        Thread-safe. A device gradient is first copied to host (into a pooled staging buffer, pinned when
-        the store pins); the copy is a blocking one, issued on the calling thread's current stream.
-        """
+    def accumulate_all(self, grads) -> None:
+        """``accumulate`` for each ``(host_param, device_grad, into)``, waiting once per batch of copies: a
+        device gradient is copied to host into a pooled staging buffer (pinned when the store pins, then
+        asynchronously, on the calling thread's current stream), a batch of up to ``STAGE_BYTES`` queued
+        before one wait, then each added under its parameter's lock. Thread-safe."""
+        grads = list(grads)
+        for host_param, device_grad, into in grads:
+            self._check_grad(host_param, device_grad, into)
+        batch: list = []
+        batch_bytes = 0
+        for entry in grads:
+            nbytes = entry[1].numel() * entry[1].element_size()
+            if batch and batch_bytes + nbytes > STAGE_BYTES:
+                self._add_staged(batch)
+                batch, batch_bytes = [], 0
+            batch.append(entry)
+            batch_bytes += nbytes
+        if batch:
+            self._add_staged(batch)
+
+    def _check_grad(self, host_param: HostParam, device_grad: torch.Tensor, into: torch.Tensor | None) -> None:
         if not host_param.trainable:
             raise ValueError(
                 f"parameter {host_param.name} is frozen (requires_grad=False): it has no gradient to add to"
@@ -204,16 +228,29 @@ class HostStore:
                 f"gradient for {host_param.name} has shape {list(device_grad.shape)}, "
                 f"expected {list(target.shape)}"
             )
-        staging = None
-        if device_grad.device.type != "cpu":
-            staging = self.pool.acquire(device_grad.shape, device_grad.dtype)
-            staging.copy_(device_grad)
+
+    def _add_staged(self, batch) -> None:
+        """Stage a batch's device gradients on the host, wait once for the copies, add each."""
+        staged: list = []  # (host_param, what to add, into, pooled staging buffer or None)
+        devices: set = set()
         try:
-            with host_param.lock:
-                (host_param.grad if into is None else into).add_(staging if staging is not None else device_grad)
+            for host_param, device_grad, into in batch:
+                if device_grad.device.type == "cpu":
+                    staged.append((host_param, device_grad, into, None))
+                    continue
+                staging = self.pool.acquire(device_grad.shape, device_grad.dtype)
+                staged.append((host_param, staging, into, staging))
+                devices.add(device_grad.device)
+                staging.copy_(device_grad, non_blocking=staging.is_pinned())
+            _wait_for_copies(devices)
+            for host_param, grad, into, _ in staged:
+                with host_param.lock:
+                    (host_param.grad if into is None else into).add_(grad)
         finally:
-            if staging is not None:
-                self.pool.release(staging)
+            _wait_for_copies(devices)  # before a buffer goes back: no copy may still write it (a failure)
+            for *_, staging in staged:
+                if staging is not None:
+                    self.pool.release(staging)
 
     def swap_grads(self) -> list[torch.Tensor]:
         """Exchange each accumulator with its spare (``double_buffer`` first); the spent ones, in
@@ -327,3 +364,9 @@ class HostStore:
 
 def _nothing() -> None:
     return None
+
+
+def _wait_for_copies(devices) -> None:
+    """Block (sleeping, not spinning) until the copies queued on each device's current stream are done."""
+    for device in devices:
+        record_blocking(current_stream(device)).synchronize()

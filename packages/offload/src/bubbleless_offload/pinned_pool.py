@@ -56,7 +56,8 @@ class PinnedPool:
         if nbytes == 0:  # nothing to pin or reuse; release() accepts it and does nothing
             return torch.empty(shape, dtype=dtype)
         with self._lock:
-            self._reclaim()
+            if not self._free.get(nbytes):  # look at the copies still using released buffers only when needed
+                self._reclaim()
             kept = self._free.get(nbytes)
             if kept:
                 buffer = kept.pop()

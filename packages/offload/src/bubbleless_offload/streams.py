@@ -72,6 +72,17 @@ def current_stream(device: torch.device):
     return CpuStream("current")
 
 
+def record_blocking(stream):
+    """An event at the end of the work queued on ``stream`` so far. On a GPU its ``synchronize`` sleeps
+    rather than spins (``blocking=True``), leaving the core to the host optimizer and the other devices'
+    threads while a worker waits for a copy; on CPU a ``CpuEvent``."""
+    if isinstance(stream, CpuStream):
+        return stream.record_event()
+    event = torch.cuda.Event(blocking=True)
+    event.record(stream)
+    return event
+
+
 def mark_used_on(tensor: torch.Tensor, stream) -> None:
     """Tell the caching allocator ``tensor`` is used on ``stream`` too, so its memory is not reused early.
 
@@ -117,8 +128,8 @@ class DeviceStreams:
     def record(self, stream):
         """An event marking the work queued on ``stream`` so far.
 
-        It has ``.wait(other_stream)``, ``.synchronize()`` and ``.query()`` on every device."""
-        return stream.record_event()
+        It has ``.wait(other_stream)``, ``.synchronize()`` (sleeping, on a GPU) and ``.query()`` on every device."""
+        return record_blocking(stream)
 
     def current(self):
         """The stream the calling thread queues work on now (the default stream unless inside ``stream_context``)."""

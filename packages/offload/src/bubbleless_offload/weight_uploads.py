@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .streams import CpuStream, DeviceStreams, stream_context
+from .streams import DeviceStreams, record_blocking, stream_context
 
 __all__ = ["DEFAULT_CHUNK_BYTES", "DEFAULT_WINDOW", "Upload", "WeightUploads", "plan_chunks"]
 
@@ -217,7 +217,7 @@ class WeightUploads:
         with _on_device(self.streams.device), stream_context(stream):
             for source, destination in chunk:
                 destination.copy_(source, non_blocking=source.is_pinned())
-        return _record_blocking(stream)
+        return record_blocking(stream)
 
     def _next_chunk(self):
         """(upload, chunk) to issue next, or None once the queue is empty (the pump then ends) (locked)."""
@@ -273,12 +273,3 @@ class WeightUploads:
 def _on_device(device: torch.device):
     """The CUDA device context for a thread issuing copies to ``device`` (nothing on CPU)."""
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
-
-
-def _record_blocking(stream):
-    """An event at the end of ``stream``'s queued work whose ``synchronize`` sleeps rather than spins."""
-    if isinstance(stream, CpuStream):
-        return stream.record_event()
-    event = torch.cuda.Event(blocking=True)
-    event.record(stream)
-    return event

@@ -104,6 +104,7 @@ class DeviceWorker:
                                      uploads=WeightUploads(self.streams, **(uploads or {})))
         self.pin_memory = pin_memory
         self.host_buffers = host_buffers  # where activations going to the host land (None: new tensors)
+        self.unposted: list = []  # host tensors of the running action's downloads, not yet on the board
         self.loaded: dict = {}  # job -> LoadedJob on this device
         self.graphs: dict = {}  # (job, mb) -> (roots, leaves, root grads or None) from R or the last F until B
         self.reserved: dict = {}  # (job, mb) -> activation bytes reserved on the budget
@@ -133,7 +134,12 @@ class DeviceWorker:
         """Drop everything a failed step left on the device, so the next step starts clean (its copies
         done first: the host buffers they read or write go back to the pool with the step's board)."""
         if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+            with contextlib.suppress(RuntimeError):  # a faulted device: the step raises its own error
+                torch.cuda.synchronize(self.device)
+        if self.host_buffers is not None:  # downloads of the failed action, never posted
+            for tensor in self.unposted:
+                self.host_buffers.release(tensor)
+        self.unposted.clear()
         self.finished.clear()
         self.graphs.clear()
         for deferred in self.deferred.values():
@@ -157,9 +163,11 @@ class DeviceWorker:
         return payloads
 
     def _publish(self, action: Action, state: WorkerState, payload=None) -> None:
-        """Post every event ``action`` produces (the layout's list); the payload rides on the first."""
+        """Post every event ``action`` produces (the layout's list); the payload rides on the first, and its
+        host tensors are the board's from here on."""
         for position, event in enumerate(self.routes.produces[action]):
             state.step.board.put(event, payload if position == 0 else None)
+        self.unposted.clear()
 
     def _job(self, job: int):
         loaded = self.loaded[job]
@@ -186,6 +194,7 @@ class DeviceWorker:
         with stream_context(self.streams.out):
             for t in as_tuple(activation):
                 host, _ = to_host(t.detach(), stream=self.streams.out, pool=self.host_buffers)
+                self.unposted.append(host)
                 tensors.append(host)
         return HostActivation(tuple(tensors), isinstance(activation, (tuple, list)), self.streams.record(self.streams.out))
 
@@ -203,17 +212,35 @@ class DeviceWorker:
         return activation, nbytes
 
     def _batch_on_device(self, batch, what: str):
-        """The caller's micro-batch (a tensor or a tuple of them) on this device, copied on the compute
-        stream so the job reads it after the copy, and its bytes: the copy is the pool's, reserved on the
-        budget here and released as an upload is. A CPU device uses the batch as it is (0 bytes)."""
+        """The caller's micro-batch (a tensor or a tuple of them) on this device (``_caller_tensor``), and its
+        bytes: the copy is the pool's, reserved on the budget here and released as an upload is. A CPU
+        device uses the batch as it is (0 bytes)."""
         if self.device.type == "cpu":
             return batch, 0
         tensors = as_tuple(batch)
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         self.budget.reserve(nbytes, what)
-        with stream_context(self.streams.compute):
-            moved = tuple(t.to(self.device) for t in tensors)
+        moved = tuple(self._caller_tensor(t) for t in tensors)
         return (moved if isinstance(batch, tuple) else moved[0]), nbytes
+
+    def _caller_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A caller's tensor (a micro-batch, a target) on this device, ordered before the compute stream's
+        next work. A host tensor goes through a pinned buffer of ``host_buffers`` on ``activations_in``, so
+        the copy neither blocks this thread nor waits for the compute stream to drain, as a copy from
+        pageable memory would; the buffer goes back once the copy is done."""
+        if tensor.device == self.device:
+            return tensor
+        if tensor.device.type != "cpu" or self.host_buffers is None:
+            with stream_context(self.streams.compute):
+                return tensor.to(self.device)
+        staged = self.host_buffers.acquire(tensor.shape, tensor.dtype)
+        staged.copy_(tensor)
+        with self.weights.uploads.activation_first():
+            moved, arrived = to_device(staged, self.device, stream=self.streams.activations_in,
+                                       used_on=self.streams.compute)
+        arrived.wait(self.streams.compute)
+        self.host_buffers.release(staged, after=(arrived,))
+        return moved
 
     def _release_if_done(self, action: Action) -> None:
         if self.last_action[action.stage] == action and action.stage in self.loaded:
@@ -349,9 +376,9 @@ def forward_last(worker: DeviceWorker, action: Action, state: WorkerState) -> No
     activation, leaves = worker._leaves(x)
     loss_fn, modules = state.step.loss_fn, loaded.modules
     fused = getattr(loss_fn, "fused_head_backward", None)
-    with stream_context(worker.streams.compute):  # the target's copy is ordered before the loss reads it
-        target = state.step.targets[m]
-        target = tuple(t.to(worker.device) for t in target) if isinstance(target, tuple) else target.to(worker.device)
+    target = state.step.targets[m]  # its copy is ordered before the loss reads it
+    target = tuple(map(worker._caller_tensor, target)) if isinstance(target, tuple) else worker._caller_tensor(target)
+    with stream_context(worker.streams.compute):
         saving = worker._saving(action, loaded, leaves, nbytes)
         body = worker._graph_forward(action, activation, modules[:-1], saving)
         result = None if fused is None else fused(modules[-1], body, target)
