@@ -1,12 +1,15 @@
-"""The pool's activations cross devices through reused host buffers (``RoundRobinPipeline.host_buffers``, a
-``PinnedPool``, pinned on a GPU): each goes back once its last reader's copy is done, a failed step gives
-back what it held, and a long run holds no more than a step or two needs."""
+"""With pinned memory (a GPU pool's default), the pool's activations cross devices through reused host
+buffers (``RoundRobinPipeline.host_buffers``, a ``PinnedPool``): each goes back once its last reader's copy
+is done, a failed step gives back what it held, and a long run holds no more than a step or two needs.
+On CPU devices the pool uses fresh tensors (nothing to pin); here each pipeline is given an unpinned
+``PinnedPool`` instead, which runs the same bookkeeping."""
 
 import os
 import sys
 
 import pytest
 
+from bubbleless_offload import PinnedPool
 from bubbleless_runtime._testing import tiny_batch, tiny_model
 from bubbleless_runtime.pool_board import Board
 from bubbleless_schedules.roundrobin_layout import PoolGroups
@@ -16,10 +19,18 @@ from test_rt_pool import CALLS, FailOn, _assert_same, _pool  # noqa: E402
 from test_rt_pool_async import _pool as _async_pool  # noqa: E402
 
 
+def _reusing(pipe):
+    """``pipe`` with an unpinned host-buffer pool, as a pinned one is wired on a GPU pool."""
+    assert pipe.host_buffers is None  # CPU devices: fresh tensors by default
+    pipe.host_buffers = PinnedPool(pin=False)
+    for worker in pipe.workers:
+        worker.host_buffers = pipe.host_buffers
+    return pipe
+
+
 def test_rt_pool_host_buffers_all_come_back_after_a_step_and_are_reused_by_the_next():
     model, ref = tiny_model(7), tiny_model(7)
-    pipe = _pool(model, None)
-    assert not pipe.host_buffers.pin  # CPU devices: plain buffers, still reused
+    pipe = _reusing(_pool(model, None))
     inputs, targets = tiny_batch(8)
     pipe.step(inputs, targets)
     held = pipe.host_buffers.bytes_reserved
@@ -35,7 +46,7 @@ def test_rt_pool_a_failed_step_gives_its_host_buffers_back():
     model = tiny_model(6)
     model.insert(3, FailOn(fail_at=3))
     CALLS["count"] = 0
-    pipe = _pool(model, PoolGroups((2, 3), 2, (2, 2, 1)))
+    pipe = _reusing(_pool(model, PoolGroups((2, 3), 2, (2, 2, 1))))
     with pytest.raises(RuntimeError, match="exploded on purpose"):
         pipe.step(*tiny_batch(8))
     assert pipe.host_buffers.bytes_in_use == 0
@@ -45,7 +56,7 @@ def test_rt_pool_a_forward_failing_after_it_saved_an_activation_gives_that_buffe
     model = tiny_model(6)
     model.insert(4, FailOn(fail_at=1))  # in forward job 1 (layers 2-4), after the save at layer 4
     CALLS["count"] = 0
-    pipe = _pool(model, PoolGroups((2, 3), 2, (2, 2, 1)))
+    pipe = _reusing(_pool(model, PoolGroups((2, 3), 2, (2, 2, 1))))
     assert 4 in pipe.routes.saves[1]
     with pytest.raises(RuntimeError, match="exploded on purpose"):
         pipe.step(*tiny_batch(8))
@@ -53,7 +64,7 @@ def test_rt_pool_a_forward_failing_after_it_saved_an_activation_gives_that_buffe
 
 
 def test_rt_pool_overlapped_steps_hold_no_more_host_buffers_than_two_steps_in_flight():
-    pipe = _async_pool(tiny_model(7), asynchronous=True)
+    pipe = _reusing(_async_pool(tiny_model(7), asynchronous=True))
     pipe.step(*tiny_batch(8))
     one_step = pipe.host_buffers.bytes_reserved
     losses = list(pipe.steps([tiny_batch(8, seed=s) for s in range(12)]))

@@ -228,10 +228,13 @@ class DeviceWeights:
         def copy_of(key: tuple[str, int], host: torch.Tensor) -> torch.Tensor:
             if key not in device_copies:  # a tensor shared by several layers of the job moves once
                 with stream_context(streams.weights_in):  # allocated where it is written
-                    device_copy = torch.empty_like(host, device=self.device)
+                    if self.uploads.paced:  # filled later, chunk by chunk
+                        device_copy = torch.empty_like(host, device=self.device)
+                        copies.append((host, device_copy))
+                    else:  # issued now, in one step
+                        device_copy = host.to(self.device, non_blocking=host.is_pinned(), copy=True)
                 mark_used_on(device_copy, streams.compute)
                 device_copies[key] = device_copy
-                copies.append((host, device_copy))
             return device_copies[key]
 
         for shell in job._shells:

@@ -59,17 +59,19 @@ class PinnedPool:
             if not self._free.get(nbytes):  # look at the copies still using released buffers only when needed
                 self._reclaim()
             kept = self._free.get(nbytes)
-            if kept:
-                buffer = kept.pop()
+            buffer = kept.pop() if kept else None
+            if buffer is not None:
                 self._bytes_free -= nbytes
-            else:
-                buffer = None
+                self._in_use[buffer.data_ptr()] = buffer
+                self._bytes_in_use += nbytes
         if buffer is None:  # allocate (and pin) outside the lock: it can take milliseconds
-            buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pin)
-        with self._lock:
-            self._in_use[buffer.data_ptr()] = buffer
-            self._bytes_in_use += nbytes
-        return buffer.view(dtype).view(shape)
+            buffer = torch.empty(shape, dtype=dtype, pin_memory=self.pin)
+            with self._lock:
+                self._in_use[buffer.data_ptr()] = buffer
+                self._bytes_in_use += nbytes
+        if buffer.dtype == dtype and buffer.shape == shape:  # reused as it was last handed out
+            return buffer
+        return buffer.view(-1).view(torch.uint8).view(dtype).view(shape)
 
     def release(self, tensor: torch.Tensor, *, after=()) -> None:
         """Return a tensor from ``acquire`` for reuse. ``after``: events of copies still reading or writing it
@@ -80,29 +82,32 @@ class PinnedPool:
         events = tuple(after)
         with self._lock:
             buffer = self._in_use.pop(tensor.data_ptr(), None)
+            if buffer is not None and buffer.data_ptr() == tensor.data_ptr():
+                buffer = tensor  # kept as handed out: the next request of its shape and dtype takes it as is
             if buffer is None:
                 raise ValueError(
                     "release() got a tensor this pool did not hand out (or one released already); "
                     "release exactly the tensor acquire() returned, once"
                 )
-            self._bytes_in_use -= buffer.numel()
+            nbytes = _nbytes(buffer)
+            self._bytes_in_use -= nbytes
             if events:
                 self._pending.append((buffer, events))
-                self._bytes_pending += buffer.numel()
+                self._bytes_pending += nbytes
             else:
                 self._keep(buffer)
 
     def _keep(self, buffer: torch.Tensor) -> None:
         """``buffer`` free for reuse (locked)."""
-        self._bytes_free += buffer.numel()
-        self._free.setdefault(buffer.numel(), []).append(buffer)
+        self._bytes_free += _nbytes(buffer)
+        self._free.setdefault(_nbytes(buffer), []).append(buffer)
 
     def _reclaim(self) -> None:
         """Released buffers whose copies have completed become free for reuse (locked)."""
         still = []
         for buffer, events in self._pending:
             if all(event.query() for event in events):
-                self._bytes_pending -= buffer.numel()
+                self._bytes_pending -= _nbytes(buffer)
                 self._keep(buffer)
             else:
                 still.append((buffer, events))
@@ -118,3 +123,7 @@ class PinnedPool:
 
     def __repr__(self) -> str:
         return f"PinnedPool(pin={self.pin}, bytes_in_use={self.bytes_in_use}, bytes_reserved={self.bytes_reserved})"
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()

@@ -176,11 +176,15 @@ class WeightUploads:
                 self._start_pump()
         return upload
 
-    @contextlib.contextmanager
     def activation_first(self):
-        """Around queueing an activation upload on ``activations_in``: weight chunks not issued yet wait,
-        on the host while it is being queued (a copy from pageable memory blocks, and is staged in
-        pieces other copies could slip between), then on the device until it has landed."""
+        """Around queueing an activation upload on ``activations_in`` (a context manager): weight chunks
+        not issued yet wait, on the host while it is being queued (a copy from pageable memory blocks,
+        and is staged in pieces other copies could slip between), then on the device until it has landed.
+        Nothing to order when not paced: every weight copy is issued by the time ``upload`` returns."""
+        return self._activation_first() if self.paced else _NOTHING
+
+    @contextlib.contextmanager
+    def _activation_first(self):
         with self._lock:
             self._activations_open += 1
         try:
@@ -268,6 +272,9 @@ class WeightUploads:
                     if self._queue and self._queue[0] is upload:
                         self._queue.popleft()
                     upload._finish(event)
+
+
+_NOTHING = contextlib.nullcontext()
 
 
 def _on_device(device: torch.device):

@@ -141,7 +141,8 @@ class RoundRobinPipeline:
     ``torch.autocast`` at that dtype), so ``partition="auto"`` plans memory for it alone; None (the default)
     plans for the most of the three and lets a step run in any. A step in another precision than the one
     named is refused before it runs (``pool_precision``).
-    ``pin_memory``: host weights in pinned buffers (default: when a GPU is in ``devices``).
+    ``pin_memory``: host weights, and the host buffers activations cross devices through (reused:
+    ``host_buffers``), pinned (default: when a GPU is in ``devices``).
     ``frozen_safetensors``: a .safetensors file whose tensors replace the frozen (LoRA base) weights,
     memory-mapped rather than held in RAM; ``safetensors_key`` maps store names to its keys (for a
     Hugging Face model: ``bubbleless_runtime.models.checkpoint_key_of(model, layers)``).
@@ -187,8 +188,9 @@ class RoundRobinPipeline:
         self.optimizer = host_optimizer(self.store, optimizer)
         self.routes = routes_of(self.schedule)
         self.interpreter = POOL
-        # activations cross devices through these host buffers, reused (and pinned, so copies are asynchronous)
-        self.host_buffers = PinnedPool(pin=pin)
+        # with pinning, activations cross devices through reused pinned host buffers, so their copies are
+        # asynchronous (pinning per copy would cost more than it saves); unpinned, fresh tensors cost least
+        self.host_buffers = PinnedPool(pin=True) if pin else None
         self.workers = [
             DeviceWorker(index=i, device=d, store=self.store, routes=self.routes, actions=self.schedule.actions[i],
                          budget=MemoryBudget(memory_budget, d), pin_memory=pin, uploads=weight_uploads,
@@ -379,7 +381,8 @@ class RoundRobinPipeline:
 
     def _board(self) -> Board:
         """A step's board, whose payloads' host buffers go back to ``host_buffers`` when read (or closed)."""
-        return Board(self.timeout, self.routes.readers, release=host_buffer_release(self.host_buffers))
+        release = None if self.host_buffers is None else host_buffer_release(self.host_buffers)
+        return Board(self.timeout, self.routes.readers, release=release)
 
     def _recover(self) -> None:
         for worker in self.workers:
