@@ -543,16 +543,16 @@ def test_rt_pool_copies_of_the_callers_micro_batch_are_counted_off_cpu():
     budget and its bytes returned (released as an upload's); a CPU device reads the batch as it is (0)."""
     from types import SimpleNamespace
 
-    from bubbleless_offload import CpuStream, DeviceStreams, MemoryBudget, PinnedPool, WeightUploads
+    from bubbleless_offload import DeviceStreams, MemoryBudget, PinnedPool, WeightUploads
     from bubbleless_runtime.pool_worker import DeviceWorker
 
     batch = (torch.randn(2, 8), torch.zeros(2, dtype=torch.long))
     # a stand-in worker on the meta device: the staged path (a pooled host buffer, the activations stream)
     meta = SimpleNamespace(device=torch.device("meta"), budget=MemoryBudget(None, "meta"),
-                           streams=SimpleNamespace(compute=CpuStream("compute"), activations_in=CpuStream("in")),
-                           host_buffers=PinnedPool(pin=False),
+                           streams=DeviceStreams("cpu"), host_buffers=PinnedPool(pin=False),
                            weights=SimpleNamespace(uploads=WeightUploads(DeviceStreams("cpu"))))
     meta._caller_tensor = lambda t: DeviceWorker._caller_tensor(meta, t)
+    meta._activations_in = lambda tensors: DeviceWorker._activations_in(meta, tensors)
     moved, nbytes = DeviceWorker._batch_on_device(meta, batch, "0F0's copy")
     assert nbytes == 2 * 8 * 4 + 2 * 8 and meta.budget.used == nbytes
     assert isinstance(moved, tuple) and all(t.device.type == "meta" for t in moved)

@@ -233,6 +233,7 @@ class HostStore:
         """Stage a batch's device gradients on the host, wait once for the copies, add each."""
         staged: list = []  # (host_param, what to add, into, pooled staging buffer or None)
         devices: set = set()
+        landed = False
         try:
             for host_param, device_grad, into in batch:
                 if device_grad.device.type == "cpu":
@@ -243,11 +244,13 @@ class HostStore:
                 devices.add(device_grad.device)
                 staging.copy_(device_grad, non_blocking=staging.is_pinned())
             _wait_for_copies(devices)
+            landed = True
             for host_param, grad, into, _ in staged:
                 with host_param.lock:
                     (host_param.grad if into is None else into).add_(grad)
         finally:
-            _wait_for_copies(devices)  # before a buffer goes back: no copy may still write it (a failure)
+            if not landed:  # a failure: no copy may still write a buffer that goes back
+                _wait_for_copies(devices)
             for *_, staging in staged:
                 if staging is not None:
                     self.pool.release(staging)

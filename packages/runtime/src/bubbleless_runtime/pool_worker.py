@@ -178,15 +178,19 @@ class DeviceWorker:
         """``payload`` on the device, its bytes reserved: (value, bytes, the event of the copy's end)."""
         payload.ready.synchronize()
         self.budget.reserve(payload.nbytes, what)
-        tensors = []
-        # weight chunks not yet issued go after it: held while it is queued, then ordered after it on the device
+        tensors, arrived = self._activations_in(payload.tensors)
+        return (tuple(tensors) if payload.is_tuple else tensors[0]), payload.nbytes, arrived
+
+    def _activations_in(self, host_tensors) -> tuple[list, object]:
+        """Host tensors copied to the device on ``activations_in`` ahead of the weight chunks not yet issued
+        (held while they are queued, then ordered after them on the device), the compute stream made to
+        wait for them: (the device tensors, the event of the copies' end)."""
         with self.weights.uploads.activation_first(), stream_context(self.streams.activations_in):
-            for t in payload.tensors:
-                moved, _ = to_device(t, self.device, stream=self.streams.activations_in, used_on=self.streams.compute)
-                tensors.append(moved)
+            moved = [to_device(t, self.device, stream=self.streams.activations_in, used_on=self.streams.compute)[0]
+                     for t in host_tensors]
         arrived = self.streams.record(self.streams.activations_in)
         arrived.wait(self.streams.compute)
-        return (tuple(tensors) if payload.is_tuple else tensors[0]), payload.nbytes, arrived
+        return moved, arrived
 
     def _download(self, activation) -> HostActivation:
         self.streams.record(self.streams.compute).wait(self.streams.out)
@@ -235,10 +239,7 @@ class DeviceWorker:
                 return tensor.to(self.device)
         staged = self.host_buffers.acquire(tensor.shape, tensor.dtype)
         staged.copy_(tensor)
-        with self.weights.uploads.activation_first():
-            moved, arrived = to_device(staged, self.device, stream=self.streams.activations_in,
-                                       used_on=self.streams.compute)
-        arrived.wait(self.streams.compute)
+        (moved,), arrived = self._activations_in((staged,))
         self.host_buffers.release(staged, after=(arrived,))
         return moved
 
