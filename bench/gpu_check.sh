@@ -7,6 +7,7 @@
 # 1. Every test that a GPU unskips (real streams, pinned memory, the pool on a device, overlapped steps).
 # 2. bench/offload/upload_priority.py: an activation copy's latency behind a weight upload, paced vs at once.
 # 3. bench/offload/async_overlap.py on two pool "devices" of the one GPU: the asynchronous optimizer's overlap.
+# 4. bench/offload/store_adds.py: how long a STORE holds its worker, adds on it against queued for the store's thread.
 # Copy the files it writes into bench/results/ (gpu_check.md) with the card named; CI never runs this.
 set -u
 OUT="${OUT:-gpu-check}"
@@ -34,7 +35,8 @@ PY="${PYTHON:-python3}"
     packages/offload/tests/test_offload_host_store.py packages/offload/tests/test_offload_weight_uploads.py \
     packages/runtime/tests/test_rt_pool.py packages/runtime/tests/test_rt_pool_async.py \
     packages/runtime/tests/test_rt_pool_overlap.py packages/runtime/tests/test_rt_pool_memory_boundaries.py \
-    packages/runtime/tests/test_rt_pool_host_buffers.py packages/runtime/tests/test_rt_pool_weight_uploads.py 2>&1 | tail -40
+    packages/runtime/tests/test_rt_pool_host_buffers.py packages/runtime/tests/test_rt_pool_weight_uploads.py \
+    packages/offload/tests/test_offload_grad_adds.py packages/runtime/tests/test_rt_pool_grad_adds.py 2>&1 | tail -40
   echo '```'
   echo
   echo "## 2. Activation uploads behind weight uploads"
@@ -46,5 +48,9 @@ PY="${PYTHON:-python3}"
   echo '```'
   timeout 180 "$PY" bench/offload/async_overlap.py --devices cuda:0,cuda:0 --width 2048 --layers 12 2>&1 | tail -20
   echo '```'
+  echo
+  echo "## 4. A STORE's hold on its worker: adds on it vs queued"
+  echo
+  timeout 120 "$PY" bench/offload/store_adds.py 2>&1 | tail -8
 } > "$OUT/gpu_check.md"
 cat "$OUT/gpu_check.md"

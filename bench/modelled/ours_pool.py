@@ -47,6 +47,9 @@ own plan and step. Assumptions (both round-robin systems):
   one at a time, pay a ramp each; overlapped, the ramp is hidden behind the step before).
 - activation hand-off through pinned host memory: the simulator's ``comm`` is one boundary activation
   down and up again at that link rate.
+- a STORE's host adds (its gradients into the fp32 accumulators) are not priced: the pool runs them on
+  the store's adds thread (``bubbleless_offload.GradientAdds``) beside the devices' compute, and their
+  DRAM traffic (about 10 bytes per parameter per STORE) is assumed to fit beside the copies.
 - the optimizer: ``HostOptimizer``'s CPU AdamW over every trained parameter, which runs torch's fused CPU
   kernel (one pass, as DeepSpeed's CPU-Adam: bench/results/cpu_adam.md measured it at 4.7x torch's
   default foreach kernel on the build VM), priced memory-bound like the profile's

@@ -104,3 +104,24 @@ def test_paced_weight_uploads_let_an_activation_copy_land_while_weights_still_ar
     upload.wait(streams.compute)
     upload.synchronize()
     assert torch.equal(device_copy.cpu(), host)
+
+
+def test_a_gpu_store_queues_its_adds_on_the_stores_thread_and_they_sum_the_same():
+    layers = tied_layers()
+    batches = [batch(1), batch(2)]
+    expected = reference_grads(layers, batches)
+    store = HostStore(layers)
+    streams = DeviceStreams("cuda")
+    weights = DeviceWeights(store, streams.device, streams=streams)
+    assert not weights.store_waits  # an accelerator leaves the host adds to the store's thread
+    for tokens, targets in batches:  # one job per micro-batch: two stores into the same accumulators
+        job = weights.load(ALL)
+        with stream_context(streams.compute):
+            job.ready.wait(streams.compute)
+            loss_of(job.modules, tokens.to(streams.device), targets.to(streams.device)).backward()
+        weights.store_grads(job)
+        weights.release(job)
+    store.flush_adds()
+    assert store.adds.in_flight_bytes == 0 and store.pool.bytes_in_use == 0  # staging buffers given back
+    for hp in store.trainable:
+        torch.testing.assert_close(hp.grad, expected[id(hp.param)], rtol=1e-4, atol=1e-5)

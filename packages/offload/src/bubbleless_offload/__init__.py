@@ -2,8 +2,9 @@
 
 The pieces the round-robin (RoundPipe-style) executor is built from: ``HostStore`` (working weights,
 fp32 masters and gradient accumulators in host memory), ``DeviceWeights`` (a job's layers uploaded to
-a device and their gradients stored back), ``WeightUploads`` (weight copies cut into chunks and paced
-behind activation uploads), ``DeviceStreams`` and events, ``MemoryBudget``, activation transfers
+a device and their gradients stored back), ``GradientAdds`` (the host adds of stored gradients, on a
+thread), ``WeightUploads`` (weight copies cut into chunks and paced behind activation uploads),
+``DeviceStreams`` and events, ``MemoryBudget``, activation transfers
 (``to_host``/``to_device``), ``PinnedPool``, and the CPU ``HostOptimizer`` with its
 ``DynamicLossScaler`` (``AsyncHostOptimizer``: the same step run one iteration stale on a thread).
 Importing it touches no device and creates no tensor.
@@ -11,6 +12,7 @@ Importing it touches no device and creates no tensor.
 
 from .activations import to_device, to_host
 from .device_weights import DeviceWeights, LoadedJob
+from .grad_adds import GradientAdds
 from .host_optimizer import OPTIMIZERS, HostOptimizer, HostStepResult
 from .host_optimizer_async import AsyncHostOptimizer
 from .host_store import HostParam, HostStore
@@ -25,7 +27,7 @@ from .weight_uploads import Upload, WeightUploads
 __version__ = "0.1.0"
 __all__ = [
     "OPTIMIZERS", "AsyncHostOptimizer", "CpuEvent", "CpuStream", "DeviceOutOfMemory", "DeviceStreams", "DeviceWeights",
-    "DynamicLossScaler", "HostOptimizer", "HostParam", "HostStepResult", "HostStore", "HostView", "LoadedJob",
+    "DynamicLossScaler", "GradientAdds", "HostOptimizer", "HostParam", "HostStepResult", "HostStore", "HostView", "LoadedJob",
     "MemoryBudget", "PinnedPool", "Upload", "WeightUploads", "format_bytes", "mmap_safetensors", "stream_context",
     "to_device", "to_host",
 ]

@@ -101,6 +101,9 @@ class DeviceWeights:
         self.uploads = uploads if uploads is not None else WeightUploads(self.streams)
         if self.uploads.streams is not self.streams:
             raise ValueError("uploads were built for other streams: pass WeightUploads(streams) with this device's streams")
+        self.store_waits = self.device.type == "cpu"
+        """Whether ``store_grads`` adds before returning by default: on a CPU device (its adds would only
+        compete with its own compute for the cores); an accelerator's leave them to the store's thread."""
         self._lock = threading.Lock()
         self._shells: dict[int, list[_Shell]] = {}  # layer index -> its shells on this device
         self._in_use: set[int] = set()  # id() of the shells live jobs hold
@@ -135,13 +138,14 @@ class DeviceWeights:
             raise
         return job
 
-    def store_grads(self, loaded: LoadedJob):
+    def store_grads(self, loaded: LoadedJob, *, wait: bool | None = None):
         """Add the job's device ``.grad``s into the host accumulators (its view's, if it was loaded with one)
-        on the ``out`` stream, then drop them.
+        on the ``out`` stream, then drop them. Frozen parameters are never touched.
 
-        Waits for the compute stream and the calling thread's current stream first. Returns an event
-        (already complete: ``HostStore.accumulate_all`` waits for its copies). Frozen parameters are never
-        touched.
+        Waits for the compute stream and the calling thread's current stream first. ``wait`` (None:
+        ``store_waits``): add before returning; else queue the copies and leave the adds to the store's
+        adds thread (``HostStore.flush_adds`` waits for them), so this thread goes on to its next work at
+        once. Returns the event of the copies' end on ``out`` (already complete when it waited).
         """
         self._check_live(loaded)
         streams = self.streams
@@ -153,7 +157,8 @@ class DeviceWeights:
                 if hp.trainable and param.grad is not None:
                     mark_used_on(param.grad, streams.out)
                     grads.append((hp, param.grad, None if loaded.view is None else loaded.view.grad_of(hp)))
-            self.store.accumulate_all(grads)  # the copies queued together, one wait per batch of them
+            # the copies queued together, one wait per batch of them
+            self.store.accumulate_all(grads, wait=self.store_waits if wait is None else wait)
             for _, param in loaded._params.values():
                 param.grad = None
             return streams.record(streams.out)

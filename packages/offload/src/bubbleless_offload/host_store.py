@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from .grad_adds import GradientAdds
 from .mmap_safetensors import map_frozen
 from .pinned_pool import PinnedPool
 from .streams import current_stream, record_blocking
@@ -92,6 +93,9 @@ class HostStore:
         self.layers = layers
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
         self.pool = pool if pool is not None else PinnedPool(pin=self.pin_memory)
+        self.adds = GradientAdds()
+        """Gradient batches queued by ``accumulate_all(wait=False)``, added on a thread; every method here that
+        reads or zeroes the accumulators waits for them first (``flush_adds``)."""
         self.drain: Callable[[], None] = _nothing
         """Called before ``master_state_dict``/``load_master_state_dict`` touch the masters: an asynchronous
         optimizer sets it to its ``synchronize``, so no update is in flight or pending then."""
@@ -186,8 +190,15 @@ class HostStore:
 
     # ---- gradients ----
 
+    def flush_adds(self) -> None:
+        """Wait until every gradient batch queued so far is added; raise the first that failed (its step's
+        sums are then incomplete: drop them with ``zero_grad``)."""
+        self.adds.flush()
+
     def zero_grad(self) -> None:
-        """Zero every gradient accumulator (after an optimizer step, before the next iteration)."""
+        """Zero every gradient accumulator (after an optimizer step, before the next iteration, after a failed
+        step): queued adds land first, and their errors are dropped with the sums."""
+        self.adds.settle()
         for hp in self.trainable:
             with hp.lock:
                 hp.grad.zero_()
@@ -197,11 +208,15 @@ class HostStore:
         ``into``, another accumulator of its shape: a ``HostView``'s). Thread-safe; ``accumulate_all``."""
         self.accumulate_all([(host_param, device_grad, into)])
 
-    def accumulate_all(self, grads) -> None:
+    def accumulate_all(self, grads, *, wait: bool = True) -> None:
         """``accumulate`` for each ``(host_param, device_grad, into)``, waiting once per batch of copies: a
         device gradient is copied to host into a pooled staging buffer (pinned when the store pins, then
         asynchronously, on the calling thread's current stream), a batch of up to ``STAGE_BYTES`` queued
-        before one wait, then each added under its parameter's lock. Thread-safe."""
+        before one wait, then each added under its parameter's lock. Thread-safe.
+
+        ``wait=False``: each batch's wait and adds run on the store's adds thread (``adds``), and this
+        returns once the copies are queued: the caller must not change a device gradient it handed in
+        (a CPU one is added as it is, later) and reads the sums after ``flush_adds``."""
         grads = list(grads)
         for host_param, device_grad, into in grads:
             self._check_grad(host_param, device_grad, into)
@@ -210,12 +225,12 @@ class HostStore:
         for entry in grads:
             nbytes = entry[1].numel() * entry[1].element_size()
             if batch and batch_bytes + nbytes > STAGE_BYTES:
-                self._add_staged(batch)
+                self._add_staged(batch, wait)
                 batch, batch_bytes = [], 0
             batch.append(entry)
             batch_bytes += nbytes
         if batch:
-            self._add_staged(batch)
+            self._add_staged(batch, wait)
 
     def _check_grad(self, host_param: HostParam, device_grad: torch.Tensor, into: torch.Tensor | None) -> None:
         if not host_param.trainable:
@@ -229,11 +244,11 @@ class HostStore:
                 f"expected {list(target.shape)}"
             )
 
-    def _add_staged(self, batch) -> None:
-        """Stage a batch's device gradients on the host, wait once for the copies, add each."""
+    def _add_staged(self, batch, wait: bool) -> None:
+        """Stage a batch's device gradients on the host, then wait once for the copies and add each: here, or
+        (``wait=False``) on the adds thread, which gives the staging buffers back."""
         staged: list = []  # (host_param, what to add, into, pooled staging buffer or None)
         devices: set = set()
-        landed = False
         try:
             for host_param, device_grad, into in batch:
                 if device_grad.device.type == "cpu":
@@ -243,14 +258,35 @@ class HostStore:
                 staged.append((host_param, staging, into, staging))
                 devices.add(device_grad.device)
                 staging.copy_(device_grad, non_blocking=staging.is_pinned())
-            _wait_for_copies(devices)
+            copied = [record_blocking(current_stream(device)) for device in devices]
+            if not wait:
+                nbytes = sum(grad.numel() * grad.element_size() for _, grad, _, _ in staged)
+                self.adds.submit(lambda: self._add_landed(staged, copied), nbytes)
+                return
+        except BaseException:  # no copy may still write a buffer that goes back
+            self._give_back(staged, [record_blocking(current_stream(device)) for device in devices])
+            raise
+        self._add_landed(staged, copied)
+
+    def _add_landed(self, staged, copied) -> None:
+        """Wait for the staging copies (``copied``: their events), add each into its accumulator, give the
+        staging buffers back (after a failure too, once the copies are done)."""
+        landed = False
+        try:
+            for event in copied:
+                event.synchronize()
             landed = True
             for host_param, grad, into, _ in staged:
                 with host_param.lock:
                     (host_param.grad if into is None else into).add_(grad)
         finally:
-            if not landed:  # a failure: no copy may still write a buffer that goes back
-                _wait_for_copies(devices)
+            self._give_back(staged, () if landed else copied)
+
+    def _give_back(self, staged, copied) -> None:
+        try:
+            for event in copied:
+                event.synchronize()
+        finally:  # a copy that raised leaves a faulted device, where no copy writes any more
             for *_, staging in staged:
                 if staging is not None:
                     self.pool.release(staging)
@@ -259,6 +295,7 @@ class HostStore:
         """Exchange each accumulator with its spare (``double_buffer`` first); the spent ones, in
         ``trainable`` order. Devices add into the other set from now on (call it with no step running)."""
         self.check_double_buffered()
+        self.flush_adds()
         spent = []
         for hp in self.trainable:
             with hp.lock:
@@ -268,6 +305,7 @@ class HostStore:
 
     def masters_with_grads(self) -> list[torch.Tensor]:
         """The fp32 masters with ``.grad`` set to the accumulators, for a torch optimizer or clip_grad_norm_."""
+        self.flush_adds()
         for hp in self.trainable:
             hp.master.grad = hp.grad
         return [hp.master for hp in self.trainable]
@@ -332,6 +370,7 @@ class HostStore:
         The mode where the caller's own optimizer steps: afterwards ``.grad`` is what a plain
         ``loss.backward()`` over the whole model would have left.
         """
+        self.flush_adds()
         for hp in self.trainable:
             p = hp.param
             with hp.lock:
@@ -367,9 +406,3 @@ class HostStore:
 
 def _nothing() -> None:
     return None
-
-
-def _wait_for_copies(devices) -> None:
-    """Block (sleeping, not spinning) until the copies queued on each device's current stream are done."""
-    for device in devices:
-        record_blocking(current_stream(device)).synchronize()

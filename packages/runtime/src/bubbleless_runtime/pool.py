@@ -311,6 +311,11 @@ class RoundRobinPipeline:
             board.close()  # after the devices' copies (reset waits for them): the host buffers go back
             raise self._explain(board.failure, errors, states) from None
         board.close()  # every worker is done with it: what no reader finished goes back to the pool
+        try:
+            self.store.flush_adds()  # the host adds STORE left to the store's thread
+        except BaseException:
+            self._recover()
+            raise
         if self.optimizer is None:
             self.store.grads_to_params()
         elif optimizer_step:

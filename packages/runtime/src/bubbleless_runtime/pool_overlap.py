@@ -249,6 +249,7 @@ class _Run:
 
     def abandon(self) -> None:
         """After ``stop``: drop what unprocessed steps left on the devices and in their accumulators."""
+        self.pipe.store.adds.settle()  # no queued add lands after the zeroing
         for iteration in self.iterations.values():
             if not iteration.processed and iteration.view.view is not None:
                 iteration.view.view.zero_grads()
@@ -322,6 +323,7 @@ def overlapped_steps(pipe, batches: Iterable, accumulate: int, autocast) -> Iter
             iteration.done.wait()
             if iteration.rows_done < len(pipe.workers):
                 raise run.failure
+            pipe.store.flush_adds()  # its STOREs' host adds (and those queued since: the next step's)
             iteration.processed = True  # its gradients are the optimizer's from here: never dropped
             if iteration.hands_off:
                 try:

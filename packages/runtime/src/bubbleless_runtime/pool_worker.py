@@ -16,6 +16,8 @@ A worker runs its device's actions of a round-robin schedule (``bubbleless_sched
   and hands the input gradient on, W (later, in a wait) computes the weight gradients (``pool_split``).
 - ``STORE j``: add the job's weight gradients into the host's fp32 accumulators and drop its weights
   (a forward job's weights are dropped after its last F); every W of the job on the device ran before.
+  On an accelerator the worker only queues the copies: the host adds run on the store's adds thread
+  (``HostStore.adds``), which the step waits for before anything reads the sums.
 
 What an action waits for and where its tensors come from is ``pool_routes`` (the layout's events);
 activations cross devices only through the board's host copies, so devices run as a wavefront.
@@ -454,7 +456,7 @@ def store(worker: DeviceWorker, action: Action, state: WorkerState) -> None:
                          f"micro-batches {pending}; a job's STORE goes after all its W on the device")
     worker._wait(action, state)
     loaded = worker.loaded.pop(action.stage)
-    worker.weights.store_grads(loaded).synchronize()
+    worker.weights.store_grads(loaded)  # on an accelerator the host adds run on the store's thread
     worker.weights.release(loaded)
     worker.finished.add(action.stage)
     worker._prefetch()
