@@ -89,9 +89,11 @@ def test_rt_keep_checkpoints_keeps_the_newest_complete_ones(tmp_path):
         trainer.train_step(TinyBatches())
         trainer.save(tmp_path / f"checkpoint-{trainer.step}", keep=2)
     os.makedirs(tmp_path / "notes")  # never touched: not a checkpoint name
+    os.makedirs(tmp_path / "checkpoint-9")  # newer but incomplete (no manifest): neither counted nor removed
+    os.makedirs(tmp_path / ".checkpoint-7.partial")  # what a killed write leaves: removed
     trainer.train_step(TinyBatches())
     trainer.save(tmp_path / f"checkpoint-{trainer.step}", keep=2)
-    assert sorted(os.listdir(tmp_path)) == ["checkpoint-4", "checkpoint-5", "latest", "notes"]
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint-4", "checkpoint-5", "checkpoint-9", "latest", "notes"]
 
 
 def _saved(tmp_path) -> str:
