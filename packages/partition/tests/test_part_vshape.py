@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from part_strategies import brute_force, profiles
@@ -48,3 +49,18 @@ def test_part_v_middle_cut_is_free_and_balanced():
                                              output_bytes_per_token=1e6) for i in range(4)), link_bandwidth=1.0)
     v = cut(profile, num_stages=2, method="v")  # one rank, two chunks: no transfer anywhere
     assert v.sizes == (2, 2) and v.rank_costs == (12.0,)
+
+
+def test_part_v_among_equal_rank_totals_takes_even_chunks():
+    # 64 identical decoder layers whose cost is no exact binary fraction, a light embedding, a heavy head:
+    # many V cuts share the best rank totals, and float noise in the sums used to pick one of them at
+    # random (chunks of 1 layer beside chunks of 7 on one rank, which a V schedule waits on)
+    def layer(name, t):
+        return LayerCost(name=name, forward=t, input_grad=t, weight_grad=t)
+
+    profile = Profile(layers=(layer("embed", 0.01), *(layer(f"layers.{i}", 3.48) for i in range(64)),
+                              layer("lm_head", 6.14)))
+    v = cut(profile, num_stages=16, method="v")
+    body = v.sizes[1:-1]
+    assert max(body) - min(body) <= 1, v.sizes
+    assert max(v.rank_costs) == pytest.approx(9 * 3 * 3.48)  # the slowest rank still the least possible
