@@ -2,9 +2,11 @@
 
 **Stage-bound schedules** (every name ``bubbleless_schedules`` registers; ``bubbleless-1f1b`` for ours
 1F1B): the layers (embedding, decoder layers, LM head) cut by ``bubbleless_partition.cut`` into one
-stage per GPU (``method="dp"``), two per GPU for V-shaped and interleaved schedules (``"v"`` / ``"dp"``);
-each stage's F, I and W summed from the analytic profile and handed to the schedule's generator as
-per-stage costs; the step's compute is the simulated makespan. Assumptions:
+stage per GPU, two per GPU for V-shaped and interleaved schedules; each stage's F, I and W summed from
+the analytic profile and handed to the schedule's generator as per-stage costs; the step's compute is
+the simulated makespan. The cut is the runtime's (``auto_partition.best_plan``, no memory cap): the
+placement's own method (``"v"`` for a V, else ``"dp"``), ``"dp"`` and ``"uniform"``, the fastest
+simulated. Assumptions:
 
 - p2p: one boundary activation per micro-batch at the profile's link rate (the peer link where there is
   one, PCIe through host memory on the RTX 4090), as the simulator's one ``comm`` latency (the largest
@@ -72,11 +74,31 @@ def _device_optimizer_s(point: Point, rank_layers) -> float:
     return params * OPTIMIZER_BYTES_PER_PARAM / (point.hardware.memory_bandwidth * 1e9)
 
 
+CUT_METHODS = ("dp", "uniform")
+"""Cuts tried beside the placement's own method, the fastest simulated kept: what the runtime's
+``auto_partition.best_plan`` does with no memory cap (first listed on a tie)."""
+
+
 @lru_cache(maxsize=256)
 def _stage_bound_plan(name: str, point: Point):
+    """(sizes, rank layers, simulated makespan in ms, peak micro-batches in flight) of the fastest cut."""
+    primary = TWO_CHUNKS.get(name, "dp")
+    best = None
+    for method in dict.fromkeys((primary, *CUT_METHODS)):
+        try:
+            plan = _plan_with(name, point, method)
+        except ValueError:
+            if method == primary:
+                raise
+            continue
+        if best is None or plan[2] < best[2] - 1e-12:
+            best = plan
+    return best
+
+
+def _plan_with(name: str, point: Point, method: str):
     prof = profile_of(point, loss_chunk_tokens=LOSS_CHUNK_TOKENS)
     p = point.gpus
-    method = TWO_CHUNKS.get(name, "dp")
     chunks = p * (2 if name in TWO_CHUNKS else 1)
     if chunks > prof.num_layers:
         raise ValueError(f"{chunks} stages are more than the {prof.num_layers} layers")
