@@ -67,6 +67,27 @@ def test_a_failed_batch_is_raised_by_the_next_flush_after_the_later_ones_ran():
     adds.flush()
 
 
+def test_an_interrupted_wait_leaves_the_batches_not_yet_waited_for_to_the_next_one():
+    adds, ran = GradientAdds(), []
+    gate = _gated(adds)
+    adds.submit(lambda: ran.append("late"), 1)
+    futures = list(adds._futures)
+    interrupted = futures[0].exception
+
+    def interrupt(timeout=None):  # Ctrl-C while the first batch is waited for
+        futures[0].exception = interrupted
+        raise KeyboardInterrupt
+
+    futures[0].exception = interrupt
+    with pytest.raises(KeyboardInterrupt):
+        adds.settle()
+    thread, settled = _in_thread(adds.settle)  # still waits for both: neither was forgotten
+    assert not settled.wait(0.2) and ran == []
+    gate.set()
+    thread.join(10)
+    assert settled.is_set() and ran == ["late"] and adds._futures == []
+
+
 def test_a_caller_blocks_while_its_batch_would_pass_the_limit_but_a_batch_alone_always_goes():
     adds = GradientAdds(limit_bytes=100)
     gate = _gated(adds)

@@ -68,15 +68,20 @@ class GradientAdds:
                 self._cond.notify_all()
 
     def settle(self) -> list[BaseException]:
-        """Wait until every batch queued so far has run; the errors they raised, in queue order (forgotten here)."""
+        """Wait until every batch queued so far has run; the errors they raised, in queue order (forgotten here).
+        A batch is forgotten only once waited for: an interrupt of the wait leaves the rest for the next call."""
         with self._cond:
-            futures, self._futures = self._futures, []
-        errors = []
-        for future in futures:
-            error = future.exception()  # waits; an interrupt of this wait propagates
-            if error is not None:
-                errors.append(error)
-        return errors
+            futures = list(self._futures)
+        waited = 0
+        try:
+            for future in futures:
+                future.exception()  # waits; an interrupt of this wait propagates
+                waited += 1
+        finally:
+            done = {id(future) for future in futures[:waited]}
+            with self._cond:
+                self._futures = [future for future in self._futures if id(future) not in done]
+        return [error for error in (future.exception() for future in futures) if error is not None]
 
     def flush(self) -> None:
         """``settle``, raising the first error a batch raised (the others noted on it)."""
