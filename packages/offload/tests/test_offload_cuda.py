@@ -49,13 +49,19 @@ def test_layers_on_the_gpu_are_moved_to_the_host():
     assert all(b.device.type == "cpu" for layer in layers for b in layer.buffers())
 
 
-def test_a_job_on_the_gpu_gives_the_cpu_gradients():
+def _two_batches_and_a_gpu_store():
+    """Two micro-batches, the gradients a plain backward over them gives, and a store with a GPU's weights."""
     layers = tied_layers()
     batches = [batch(1), batch(2)]
     expected = reference_grads(layers, batches)
     store = HostStore(layers)
     streams = DeviceStreams("cuda")
     weights = DeviceWeights(store, streams.device, streams=streams)
+    return batches, expected, store, streams, weights
+
+
+def test_a_job_on_the_gpu_gives_the_cpu_gradients():
+    batches, expected, store, streams, weights = _two_batches_and_a_gpu_store()
     job = weights.load(ALL)
     assert all(p.device == streams.device for module in job.modules for p in module.parameters())
     assert job.modules[0].emb.weight is job.modules[3].proj.weight
@@ -107,12 +113,7 @@ def test_paced_weight_uploads_let_an_activation_copy_land_while_weights_still_ar
 
 
 def test_a_gpu_store_queues_its_adds_on_the_stores_thread_and_they_sum_the_same():
-    layers = tied_layers()
-    batches = [batch(1), batch(2)]
-    expected = reference_grads(layers, batches)
-    store = HostStore(layers)
-    streams = DeviceStreams("cuda")
-    weights = DeviceWeights(store, streams.device, streams=streams)
+    batches, expected, store, streams, weights = _two_batches_and_a_gpu_store()
     assert not weights.store_waits  # an accelerator leaves the host adds to the store's thread
     for tokens, targets in batches:  # one job per micro-batch: two stores into the same accumulators
         job = weights.load(ALL)
