@@ -81,6 +81,7 @@ from .pool_memory import check_fits
 from .pool_options import asks_asynchronous, host_optimizer, weight_upload_options
 from .pool_overlap import check_overlap, overlapped_steps
 from .pool_precision import check_step_precision, precisions_of
+from .pool_replicas import ReplicaAverager
 from .pool_routes import routes_of
 from .pool_worker import POOL, DeviceWorker, PoolStep, WorkerState, host_buffer_release, run_worker
 from .stages import layers_of
@@ -149,6 +150,10 @@ class RoundRobinPipeline:
     ``weight_uploads``: how each device's weight copies are issued, the keyword arguments of
     ``bubbleless_offload.WeightUploads`` (``paced``, ``chunk_bytes``, ``window``); by default paced on a GPU
     (32 MiB chunks behind the activation uploads, RoundPipe's rule), at once on CPU.
+    ``data_parallel_group``: a gloo process group of replicas, one pool per process (a node's GPUs), each
+    stepping on its own share of the global batch from the same initial weights; each step's host gradients
+    are averaged over the group before the optimizer (or ``.grad``) reads them (``pool_replicas``). The
+    loss returned stays this replica's.
     """
 
     def __init__(self, model, *, devices, num_microbatches: int, loss_fn: Callable | None,
@@ -157,8 +162,9 @@ class RoundRobinPipeline:
                  schedule_options: dict | None = None, pin_memory: bool | None = None,
                  frozen_safetensors=None, safetensors_key: Callable[[str], str] | None = None,
                  timeout: float = DEFAULT_TIMEOUT, trace: bool = True, precision: str | None = None,
-                 weight_uploads: dict | None = None) -> None:
+                 weight_uploads: dict | None = None, data_parallel_group=None) -> None:
         check_common(loss_fn, num_microbatches, timeout)
+        self.replicas = None if data_parallel_group is None else ReplicaAverager(data_parallel_group, timeout=timeout)
         weight_uploads = weight_upload_options(weight_uploads)
         self.precisions = precisions_of(precision)
         self.precision = precision
@@ -185,6 +191,8 @@ class RoundRobinPipeline:
         self.store = HostStore(self.layers, pin_memory=pin, frozen_safetensors=frozen_safetensors,
                                safetensors_key=safetensors_key)
         check_fits(self.schedule, self.store, memory_budget, self.devices, self.profile, self.input_bytes)
+        if self.replicas is not None:
+            self.replicas.agree([tuple(hp.grad.shape) for hp in self.store.trainable])
         self.optimizer = host_optimizer(self.store, optimizer)
         self.routes = routes_of(self.schedule)
         self.interpreter = POOL
@@ -313,6 +321,8 @@ class RoundRobinPipeline:
         board.close()  # every worker is done with it: what no reader finished goes back to the pool
         try:
             self.store.flush_adds()  # the host adds STORE left to the store's thread
+            if self.replicas is not None and (self.optimizer is None or optimizer_step):
+                self.replicas.average([hp.grad for hp in self.store.trainable])
         except BaseException:
             self._recover()
             raise

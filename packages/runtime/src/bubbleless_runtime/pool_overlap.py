@@ -324,6 +324,8 @@ def overlapped_steps(pipe, batches: Iterable, accumulate: int, autocast) -> Iter
             if iteration.rows_done < len(pipe.workers):
                 raise run.failure
             pipe.store.flush_adds()  # its STOREs' host adds (and those queued since: the next step's)
+            if iteration.hands_off and pipe.replicas is not None:  # while the next step computes
+                pipe.replicas.average(list(iteration.view().grads.values()))
             iteration.processed = True  # its gradients are the optimizer's from here: never dropped
             if iteration.hands_off:
                 try:
