@@ -80,3 +80,25 @@ def test_part_layer_cost_is_keyword_only_as_the_readme_shows():
     with pytest.raises(TypeError, match="positional"):
         LayerCost("embed", 1.0, 1.0, 1.0)  # type: ignore[misc]
     assert LayerCost(name="embed", forward=1.0, input_grad=1.0, weight_grad=0.5).recompute == 1.0
+
+
+@pytest.mark.parametrize("field, value", [("head_dim", 0), ("head_dim", -1), ("expert_intermediate", -5),
+                                          ("head_dim", 2.5)])
+def test_part_shape_refuses_non_positive_optional_widths(field, value):
+    from bubbleless_partition.analytic import TransformerShape
+
+    with pytest.raises(ValueError, match=f"TransformerShape.{field} must be a positive int or None"):
+        TransformerShape(name="x", num_layers=2, hidden=64, intermediate=128, heads=4, kv_heads=4, vocab=100,
+                         **{field: value})
+
+
+@pytest.mark.parametrize("kwargs, message", [({"dtype_bytes": 0}, "dtype_bytes is the bytes"),
+                                             ({"loss_chunk_tokens": 0}, "loss_chunk_tokens is the tokens"),
+                                             ({"loss_chunk_tokens": -1}, "loss_chunk_tokens is the tokens")])
+def test_part_analytic_profile_names_the_bad_argument(kwargs, message):
+    from bubbleless_partition.analytic import TransformerShape, analytic_profile
+    from bubbleless_partition.hardware import hardware
+
+    shape = TransformerShape(name="x", num_layers=2, hidden=64, intermediate=128, heads=4, kv_heads=4, vocab=100)
+    with pytest.raises(ValueError, match=message):
+        analytic_profile(shape, hardware("rtx4090"), seq_len=16, **kwargs)

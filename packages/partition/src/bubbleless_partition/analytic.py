@@ -62,6 +62,11 @@ class TransformerShape:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"TransformerShape.{name} must be a positive int, got {value!r}")
+        for name in ("head_dim", "expert_intermediate"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"TransformerShape.{name} must be a positive int or None (None: "
+                                 f"{'hidden // heads' if name == 'head_dim' else 'intermediate'}), got {value!r}")
         if (self.experts is None) != (self.top_k is None):
             raise ValueError("give both experts and top_k for a MoE shape, or neither for a dense one")
         if self.experts is not None and not 1 <= self.top_k <= self.experts:
@@ -191,6 +196,13 @@ def analytic_profile(shape: TransformerShape, hardware: Hardware, *, seq_len: in
         raise ValueError(f"lm_head_shards must be a positive int, got {lm_head_shards!r}")
     if not isinstance(seq_len, int) or seq_len < 1 or not isinstance(micro_batch_size, int) or micro_batch_size < 1:
         raise ValueError(f"seq_len and micro_batch_size must be positive ints, got {seq_len!r}, {micro_batch_size!r}")
+    if isinstance(dtype_bytes, bool) or not isinstance(dtype_bytes, int) or dtype_bytes < 1:
+        raise ValueError(f"dtype_bytes is the bytes of one weight or activation element (2 for bf16), a positive "
+                         f"int; got {dtype_bytes!r}")
+    if loss_chunk_tokens is not None and (isinstance(loss_chunk_tokens, bool) or not isinstance(loss_chunk_tokens, int)
+                                          or loss_chunk_tokens < 1):
+        raise ValueError(f"loss_chunk_tokens is the tokens per loss chunk (RoundPipe uses 4096), a positive int, or "
+                         f"None for the whole micro-batch at once; got {loss_chunk_tokens!r}")
     tokens = seq_len * micro_batch_size
     layers = [_embedding(shape, hardware, tokens, dtype_bytes)]
     layers += [_decoder_layer(shape, hardware, i, tokens, seq_len, dtype_bytes) for i in range(shape.num_layers)]
