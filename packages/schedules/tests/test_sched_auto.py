@@ -62,6 +62,16 @@ def test_auto_refuses_a_limit_nothing_meets():
         generate("auto", num_ranks=4, num_microbatches=8, memory_limit=0.5)
 
 
+@pytest.mark.parametrize("limit", [None, 8])
+def test_auto_says_when_per_stage_costs_fit_no_schedule_length(limit):
+    """As every other generator does, not that the memory limit is too low."""
+    with pytest.raises(ValueError, match="costs give 3 per-stage values but every stage-bound schedule for "
+                                         "num_ranks=2 has 2 or 4 stages; give one value per stage"):
+        generate("auto", num_ranks=2, num_microbatches=4, costs=Costs([1, 2, 3], 1, 1), memory_limit=limit)
+    with pytest.raises(ValueError, match="costs give 3 per-stage values but the schedule has 2 stages"):
+        generate("1f1b", num_ranks=2, num_microbatches=4, costs=Costs([1, 2, 3], 1, 1), memory_limit=limit)
+
+
 def test_auto_passes_input_grad_frees_on():
     """The limit is judged with the caller's input_grad_frees, and the generators see it: with I freeing
     60%, schedules that hold more micro-batches fit under 5 M_B, and auto is the fastest of them."""

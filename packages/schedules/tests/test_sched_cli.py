@@ -88,3 +88,33 @@ def test_installed_entry_point_runs():
         pytest.skip("the package is not installed with its console script")
     done = subprocess.run([exe, "show", "nope", "-p", "2", "-m", "2"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "unknown schedule 'nope'" in done.stderr
+
+
+PLUGIN = '''
+from bubbleless_schedules import Schedule, generate, register
+
+
+@register("my-gpipe")
+def my_gpipe(*, num_ranks, num_microbatches, costs, memory_limit):
+    built = generate("gpipe", num_ranks=num_ranks, num_microbatches=num_microbatches)
+    return Schedule(built.actions, num_stages=built.num_stages, num_microbatches=num_microbatches,
+                    stage_to_rank=built.stage_to_rank, name="my-gpipe")
+'''
+
+
+def test_import_adds_a_users_registered_schedule_to_every_command(tmp_path):
+    (tmp_path / "my_schedules.py").write_text(PLUGIN)
+
+    def cli(*argv):  # a fresh interpreter: registering here would change the registry of every later test
+        return subprocess.run([sys.executable, "-m", "bubbleless_schedules.cli", *argv], capture_output=True,
+                              text=True, timeout=120, cwd=tmp_path)
+
+    listed = cli("--import", "my_schedules", "list")
+    assert listed.returncode == 0 and "my-gpipe" in listed.stdout.split(), listed.stderr
+    shown = cli("--import", "my_schedules", "show", "my-gpipe", "-p", "2", "-m", "2")
+    assert shown.returncode == 0 and "makespan" in shown.stdout, shown.stderr
+    compared = cli("--import", "my_schedules", "compare", "-p", "2", "-m", "2")
+    assert compared.returncode == 0 and "my-gpipe" in compared.stdout, compared.stderr
+    assert "my-gpipe" not in cli("list").stdout.split()  # only with --import
+    missing = cli("--import", "no_such_module", "list")
+    assert missing.returncode == 2 and "--import no_such_module: cannot import it" in missing.stderr

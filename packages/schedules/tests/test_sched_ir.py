@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bubbleless_schedules import Action, Kind, Schedule, generate
+from bubbleless_schedules import Action, Kind, Schedule, generate, validate
 from bubbleless_schedules.action import STAGE_KINDS
 
 
@@ -55,10 +55,18 @@ def _hand_built() -> Schedule:
                     meta={"forward_groups": (0, 1), "devices": 2})
 
 
+def _idle_rank_first() -> Schedule:
+    """A pipeline schedule whose rank 0 holds no stage: its row is empty."""
+    return Schedule([[], [Action(0, Kind.F, 0), Action(0, Kind.B, 0)]], num_stages=1, num_microbatches=1,
+                    stage_to_rank=(1,))
+
+
 @pytest.mark.parametrize("make", [
     lambda: generate("1f1b", num_ranks=3, num_microbatches=5),
     lambda: generate("gpipe", num_ranks=1, num_microbatches=1),
     _hand_built,
+    lambda: generate("roundrobin", num_ranks=8, num_microbatches=1, num_layers=2),  # devices 3..7 idle
+    _idle_rank_first,
 ])
 def test_schedule_text_and_csv_round_trip(make, tmp_path):
     schedule = make()
@@ -78,6 +86,13 @@ def test_text_form_is_one_line_per_worker():
         "0F0 0F1 0B0 0B1\n"
         "1F0 1B0 1F1 1B1\n"
     )
+
+
+def test_an_idle_worker_is_a_dash_line_and_loads_back():
+    text = _idle_rank_first().to_text()
+    assert text.splitlines()[1:] == ["-", "0F0 0B0"]
+    reloaded = Schedule.from_text(text)
+    assert reloaded.num_workers == 2 and validate(reloaded) == _idle_rank_first()
 
 
 def test_text_written_by_hand_loads():

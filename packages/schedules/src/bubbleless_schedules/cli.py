@@ -3,8 +3,11 @@
     bubbleless-schedules show zbv -p 4 -m 8 --costs 18.5,18.1,9.3,0.6 --png zbv.png --trace zbv.json
     bubbleless-schedules compare -p 8 -m 24 --memory-limit 8
     bubbleless-schedules list
+    bubbleless-schedules --import my_schedules compare -p 4 -m 8   # with the schedules my_schedules registers
 
-Bad input (an unknown name, a shape a schedule cannot run, malformed costs) exits with status 2 and
+``--import MODULE`` (repeatable) imports a module first, so the schedules its ``@register`` decorators add
+are shown, compared and listed with the built-ins (the module must be importable: on ``sys.path``, which
+includes the current directory). Bad input (an unknown name, a shape a schedule cannot run, malformed costs) exits with status 2 and
 the ValueError's text, the way argparse reports its own errors. ``show`` and ``compare`` draw shapes up to
 ``MAX_RANKS`` ranks and ``MAX_RANK_MICROBATCHES`` ranks x micro-batches (a few seconds to generate and a
 grid a terminal can show); a larger shape is refused saying so: call ``generate`` from Python for it.
@@ -13,6 +16,7 @@ grid a terminal can show); a larger shape is refused saying so: call ``generate`
 from __future__ import annotations
 
 import argparse
+import importlib
 import shutil
 import sys
 from collections.abc import Sequence
@@ -66,6 +70,8 @@ def _shape_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description="Pipeline schedules as data: show, compare, list.")
+    parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                        help="import MODULE first, so the schedules it registers join the built-ins (repeatable)")
     commands = parser.add_subparsers(dest="command", required=True, metavar="{show,compare,list}")
 
     show = commands.add_parser("show", help="draw one schedule: grid, text timeline, summary, files")
@@ -121,8 +127,8 @@ def run_show(args: argparse.Namespace) -> None:
 
 def compare_rows(num_ranks: int, num_microbatches: int, costs: Costs | None, memory_limit: float | None):
     """([(registered name, timeline)] best first, [(name, reason)] for schedules that cannot run this
-    shape or limit). The registered name can differ from the schedule's own (``auto`` returns the
-    schedule it picked)."""
+    shape or limit, or that fail with another exception than ValueError). The registered name can differ from
+    the schedule's own (``auto`` returns the schedule it picked)."""
     ran, refused = [], []
     for name in available():
         try:
@@ -130,9 +136,15 @@ def compare_rows(num_ranks: int, num_microbatches: int, costs: Costs | None, mem
                                 costs=costs, memory_limit=memory_limit)
             ran.append((name, simulate(schedule, costs)))
         except ValueError as exc:
-            refused.append((name, str(exc).splitlines()[0]))
+            refused.append((name, _first_line(exc)))
+        except Exception as exc:  # a generator's bug: listed with the rest, so the others still compare
+            refused.append((name, f"generator {name!r} failed: {type(exc).__name__}: {_first_line(exc)}"))
     ran.sort(key=lambda row: (row[1].makespan, row[1].max_peak_memory, row[0]))
     return ran, refused
+
+
+def _first_line(exc: Exception) -> str:
+    return (str(exc).splitlines() or [""])[0]
 
 
 def run_compare(args: argparse.Namespace) -> None:
@@ -164,6 +176,18 @@ def run_list(args: argparse.Namespace) -> None:
         print(f"{name}{extra}")
 
 
+def _import_plugins(modules: Sequence[str]) -> None:
+    """Import each module of ``--import``: its ``@register`` decorators add its schedules."""
+    if modules and "" not in sys.path:
+        sys.path.insert(0, "")  # the current directory, as `python -m` would have it
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ValueError(f"--import {module}: cannot import it ({exc}); give a module on sys.path (the "
+                             "current directory counts), e.g. my_schedules for ./my_schedules.py") from exc
+
+
 COMMANDS = {"show": run_show, "compare": run_compare, "list": run_list}
 
 
@@ -172,6 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        _import_plugins(args.imports)
         COMMANDS[args.command](args)
     except ValueError as exc:
         parser.exit(2, f"{PROG} {args.command}: error: {exc}\n")

@@ -29,6 +29,22 @@ def _check_field(name: str, value: PerStage) -> None:
             raise ValueError(f"Costs.{name} must be finite non-negative numbers, got {value!r}")
 
 
+class StageCountError(ValueError):
+    """Per-stage costs whose length is not the schedule's stage count (``Costs.check_stages``); its own
+    class so that ``auto``, which tries schedules of several stage counts, can tell this refusal apart."""
+
+    def __init__(self, given: int, num_stages: int) -> None:
+        super().__init__(
+            f"costs give {given} per-stage values but the schedule has {num_stages} stages; "
+            f"give one value per stage or single numbers"
+        )
+        self.given = given
+        self.num_stages = num_stages
+
+    def __reduce__(self):  # the default would call __init__ with the message alone
+        return type(self), (self.given, self.num_stages)
+
+
 # kind -> (the cost fields it adds up, whether a per-rank number is split over the rank's v stages)
 _FIELDS_OF_KIND: dict[Kind, tuple[tuple[str, ...], bool]] = {
     Kind.F: (("forward",), True),
@@ -117,10 +133,7 @@ class Costs:
     def check_stages(self, num_stages: int) -> None:
         given = self.num_stages_given()
         if given is not None and given != num_stages:
-            raise ValueError(
-                f"costs give {given} per-stage values but the schedule has {num_stages} stages; "
-                f"give one value per stage or single numbers"
-            )
+            raise StageCountError(given, num_stages)
 
     def of(self, kind: Kind, stage: int, stages_per_rank: float = 1.0) -> float:
         """Cost of one action of ``kind`` on ``stage`` (communication kinds cost nothing to issue)."""

@@ -7,7 +7,8 @@ A generator is a pure function::
 
 ``costs`` is always a ``Costs`` (unit costs when the caller gave none); ``memory_limit`` is in M_B or
 None. A generator raises ``ValueError`` naming the constraint for shapes it cannot support. After it
-returns, ``generate`` validates the schedule and checks the memory limit, so no generator repeats that.
+returns, ``generate`` checks that it returned a ``Schedule`` of the shape asked (``_check_result``), validates
+it and checks the memory limit, so no generator repeats that.
 """
 
 from __future__ import annotations
@@ -27,7 +28,12 @@ _ALIASES: dict[str, str] = {}
 
 
 def register(name: str, *aliases: str) -> Callable[[Generator], Generator]:
-    """Decorator: make a generator available to ``generate(name)`` (and under each alias)."""
+    """Decorator: make a generator available to ``generate(name)`` (and under each alias).
+
+    The built-ins are loaded first, so a name they hold is refused here, at the caller's decorator; loaded
+    later, the collision would stop their import half-way and leave the registry without the rest of them.
+    """
+    _load_builtin()  # a no-op while the built-ins load (they register through here): see _load_builtin
 
     def wrap(fn: Generator) -> Generator:
         for key in (name, *aliases):
@@ -110,10 +116,10 @@ def generate(
     options = _options_for(fn, name, options)
 
     def build(steering: Costs) -> Schedule:
-        return (validate if validated else _as_is)(fn(
+        return (validate if validated else _as_is)(_check_result(name, fn(
             num_ranks=num_ranks, num_microbatches=num_microbatches, costs=steering, memory_limit=memory_limit,
             **options,
-        ))
+        ), num_ranks, num_microbatches))
 
     schedule = build(costs)
     median = costs.median() if costs.heterogeneous and not getattr(fn, "median_checked", False) else costs
@@ -157,6 +163,31 @@ def _options_for(fn: Generator, name: str, options: dict) -> dict:
     return {key: value for key, value in options.items() if key in accepted}
 
 
+def _check_result(name: str, schedule: object, num_ranks: int, num_microbatches: int) -> Schedule:
+    """``schedule`` when it is a ``Schedule`` of the shape asked, else a ValueError naming the generator:
+    the validator checks a schedule against its own header, so one of another shape would pass it (and
+    win ``auto`` and ``compare`` with fewer micro-batches to run). Workers are ranks, or a round-robin
+    pool's devices: ``num_ranks`` counts either."""
+    if not isinstance(schedule, Schedule):
+        raise ValueError(
+            f"generator {name!r} returned {type(schedule).__name__} {schedule!r:.80}, not a Schedule; a "
+            f"registered generator must return a bubbleless_schedules.Schedule (or raise ValueError for a "
+            f"shape it refuses)"
+        )
+    if schedule.num_microbatches != num_microbatches:
+        raise ValueError(
+            f"generator {name!r} returned a schedule of {schedule.num_microbatches} micro-batches; "
+            f"{num_microbatches} were asked (a generator must schedule num_microbatches, or refuse the shape "
+            f"with a ValueError)"
+        )
+    if schedule.num_workers != num_ranks:
+        raise ValueError(
+            f"generator {name!r} returned a schedule of {schedule.num_workers} workers; {num_ranks} ranks "
+            f"were asked (one action row per rank, or per pool device, even an idle one)"
+        )
+    return schedule
+
+
 def _as_is(schedule: Schedule) -> Schedule:
     return schedule
 
@@ -171,7 +202,10 @@ _loaded = False
 
 
 def _load_builtin() -> None:
-    """Import the built-in generators once, on first use (never at package import)."""
+    """Import the built-in generators once, on first use (never at package import).
+
+    ``_loaded`` is set before the import: the built-in modules call ``register``, which calls this, and
+    must find it done rather than import the package they are part of again."""
     global _loaded
     if not _loaded:
         _loaded = True

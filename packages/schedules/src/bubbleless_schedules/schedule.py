@@ -10,7 +10,10 @@ Text form (also what ``str(schedule)`` gives)::
     0F0 0F1 0B0 0B1
     1F0 1B0 1F1 1B1
 
-CSV form: the same header line, then one row per worker with one action per cell.
+A worker with no actions (an idle pool device, a rank a hand-built schedule leaves empty) is the line
+``-`` (``IDLE``), so every worker survives the round trip while blank lines stay free to ignore.
+
+CSV form: the same header line, then one row per worker with one action per cell (an empty row when idle).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from pathlib import Path
 from .action import Action
 
 HEADER = "# bubbleless-schedule"
+IDLE = "-"
+"""The text form's line for a worker with no actions (a blank line would be skipped on reading)."""
 
 
 def _freeze_meta(meta: Mapping[str, object]) -> dict[str, tuple[int, ...]]:
@@ -109,7 +114,7 @@ class Schedule:
 
     def to_text(self) -> str:
         lines = [self.header()]
-        lines += [" ".join(str(a) for a in worker) for worker in self.actions]
+        lines += [" ".join(str(a) for a in worker) or IDLE for worker in self.actions]
         return "\n".join(lines) + "\n"
 
     __str__ = to_text
@@ -119,7 +124,7 @@ class Schedule:
         lines = [line for line in text.splitlines() if line.strip()]
         if not lines or not lines[0].startswith(HEADER):
             raise ValueError(f"schedule text must start with a '{HEADER} ...' header line")
-        rows = [line.split() for line in lines[1:]]
+        rows = [[] if line.split() == [IDLE] else line.split() for line in lines[1:]]
         return cls._from_rows(lines[0], rows)
 
     def to_csv(self, path: str | Path | None = None) -> str:

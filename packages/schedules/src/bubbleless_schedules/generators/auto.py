@@ -1,10 +1,12 @@
 """``auto``: simulate every registered stage-bound schedule that fits and return the fastest.
 
 Each registered generator (``auto`` itself excepted) is asked for a schedule of this shape under the
-same ``memory_limit``; those that refuse the shape or the limit (``ValueError``) and those that are not
-stage-bound (``stage_to_rank is None``, e.g. round-robin pools, which need a different runtime) are
-skipped. The rest are simulated under the given costs, and the one with the smallest makespan wins
-(ties: lower peak memory, then the order tried). Generators are tried lowest lower bound first
+same ``memory_limit``; those that refuse the shape or the limit (``ValueError``), those that fail (any
+other ``Exception``: a custom generator's bug, skipped with a ``RuntimeWarning`` naming it, so that one broken
+generator does not break ``auto`` for every shape) and those that are not stage-bound (``stage_to_rank is
+None``, e.g. round-robin pools, which need a different runtime) are skipped. The rest are simulated
+under the given costs, and the one with the smallest makespan wins (ties: lower peak memory, then the
+order tried). Generators are tried lowest lower bound first
 (``bounds``: the placement's, or a memory bound the generator publishes, as the V family does; among
 equal bounds the one with the lowest declared peak first), and one whose bound is above the best
 makespan so far is skipped, as is one whose bound equals it without a lower declared peak: it could at
@@ -28,10 +30,11 @@ p=32, m=256 on the paper's profile under limit 64 it is not simulated either.
 from __future__ import annotations
 
 import heapq
+import warnings
 from functools import cache
 
 from ..action import Kind
-from ..costs import Costs
+from ..costs import Costs, StageCountError
 from ..registry import available, generate, generator, register
 from ..schedule import Schedule
 from ..simulate import peak_memory, simulated_makespan
@@ -41,7 +44,8 @@ SELF = "auto"
 
 
 def stage_bound_candidates(
-    *, num_ranks: int, num_microbatches: int, costs: Costs, memory_limit: float | None, input_grad_frees: float
+    *, num_ranks: int, num_microbatches: int, costs: Costs, memory_limit: float | None,
+    input_grad_frees: float, refused: list[tuple[str, Exception]] | None = None,
 ) -> list[tuple[float, float, Schedule]]:
     """(makespan, peak memory, schedule) of the registered stage-bound schedules that fit.
 
@@ -52,7 +56,8 @@ def stage_bound_candidates(
     built (``_built_bound``): interleaved 1F1B, whose chunks are an option, is then skipped once ZB-V is in hand
     at p=32, m=256 on the paper's profile instead of simulated. The list is in registry order among equal bounds
     and lowest bound (unpublished placements first) otherwise, the order ties are decided in, as before such
-    schedules went back in line."""
+    schedules went back in line. Each generator that refused (``ValueError``) or failed (another
+    ``Exception``, also warned of) is appended to ``refused`` with its error, when given."""
     names = [name for name in available() if name != SELF and _stage_bound(name)]
     bounds = {name: _bound(name, num_ranks, num_microbatches, costs, memory_limit, input_grad_frees) for name in names}
     cap = float("inf") if memory_limit is None else memory_limit
@@ -78,7 +83,15 @@ def stage_bound_candidates(
                     heapq.heappush(line, (_built_bound(schedule, costs), frugal[name], position, name, schedule))
                     continue
             makespan = _makespan(name, schedule, costs, memory_limit, input_grad_frees)
-        except ValueError:  # this shape, limit or per-stage cost list is not one it supports
+        except ValueError as exc:  # this shape, limit or per-stage cost list is not one it supports
+            if refused is not None:
+                refused.append((name, exc))
+            continue
+        except Exception as exc:  # a generator's bug: skip it as one that cannot run, and say so
+            warnings.warn(f"auto skipped generator {name!r}, which failed: {_failure(exc)}", RuntimeWarning,
+                          stacklevel=2)
+            if refused is not None:
+                refused.append((name, exc))
             continue
         peak = max(peak_memory(schedule, input_grad_frees), default=0.0)
         found.append((position, (makespan, peak, schedule)))
@@ -127,11 +140,16 @@ def _bound(name: str, num_ranks: int, num_microbatches: int, costs: Costs, memor
 @cache
 def _stage_bound(name: str) -> bool:
     """Whether ``name`` places stages on ranks, read off a two-rank, two-micro-batch schedule (True when
-    that shape is refused: the full shape is then tried and checked)."""
+    that shape is refused or fails: the full shape is then tried and checked)."""
     try:
         return generate(name, num_ranks=2, num_microbatches=2).stage_to_rank is not None
-    except ValueError:
+    except Exception:  # refused or failed: the full shape is tried, then skipped (or warned of)
         return True
+
+
+def _failure(exc: Exception) -> str:
+    """``IndexError: list index out of range``: the type says what kind of bug, the text where."""
+    return f"{type(exc).__name__}: {exc}"
 
 
 @register(SELF)
@@ -144,15 +162,26 @@ def auto(
     input_grad_frees: float = 0.0,
 ) -> Schedule:
     """The fastest registered stage-bound schedule under ``costs`` whose peak fits ``memory_limit``."""
+    refused: list[tuple[str, Exception]] = []
     found = stage_bound_candidates(
         num_ranks=num_ranks, num_microbatches=num_microbatches, costs=costs,
-        memory_limit=memory_limit, input_grad_frees=input_grad_frees,
+        memory_limit=memory_limit, input_grad_frees=input_grad_frees, refused=refused,
     )
+    if not found and refused and all(isinstance(exc, StageCountError) for _, exc in refused):
+        # Every candidate refused the per-stage costs' length: say so, as each generator on its own
+        # does; raising the memory limit, which the message below suggests first, would not help.
+        counts = " or ".join(str(n) for n in sorted({exc.num_stages for _, exc in refused}))
+        raise ValueError(
+            f"costs give {refused[0][1].given} per-stage values but every stage-bound schedule for "
+            f"num_ranks={num_ranks} has {counts} stages; give one value per stage or single numbers"
+        )
+    failed = [(name, exc) for name, exc in refused if not isinstance(exc, ValueError)]
     if not found:
         raise ValueError(
             f"auto found no stage-bound schedule for num_ranks={num_ranks}, num_microbatches={num_microbatches}"
             f" under memory_limit={memory_limit} M_B and the given costs; raise memory_limit (1F1B needs "
             f"min(num_ranks, num_microbatches) M_B) or give one cost per stage of a one-stage-per-rank pipeline"
+            + "".join(f"; generator {name!r} failed: {_failure(exc)}" for name, exc in failed)
         )
     best = min(range(len(found)), key=lambda i: (round(found[i][0], 9), found[i][1], i))
     return found[best][2]
