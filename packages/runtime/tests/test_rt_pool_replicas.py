@@ -53,3 +53,26 @@ def test_rt_pool_replicas_buckets_small_tensors_together_and_large_ones_alone():
     assert [[t.numel() for t in b] for b in buckets] == [[4, 4], [64], [4], [4], [4]]
     assert [b[0].dtype for b in buckets] == [torch.float32, torch.float32, torch.float32, torch.float64,
                                              torch.float32]
+
+
+@pytest.mark.slow
+def test_rt_pool_replicas_under_torchrun_the_cli_trains_one_pool_per_rank_rank_0_writing(tmp_path):
+    from bubbleless_runtime._testing.replicas import REPLICA_CONFIG, cli_replica
+
+    config = tmp_path / "replicas.yaml"
+    config.write_text(REPLICA_CONFIG)
+    out = tmp_path / "out"
+    first = spawn(cli_replica, 2, str(config), str(out), [], threads_per_process=1, timeout=600)
+    assert [r["code"] for r in first] == [0, 0], first
+    assert [r["replicas"] for r in first] == [2, 2]
+    assert first[0]["checksum"] == first[1]["checksum"]  # the same weights, never broadcast
+    assert {"checkpoint-4", "checkpoint-8", "metrics.jsonl"} <= set(first[0]["files"]), first[0]["files"]
+    assert "2 data-parallel pools of 2 devices" in first[0]["printed"], first[0]["printed"][-800:]
+    assert first[1]["printed"] == "", first[1]["printed"][-500:]  # rank 0 reports
+    # both replicas resume from replica 0's checkpoint-4 and end where the run without a break did
+    again = spawn(cli_replica, 2, str(config), str(tmp_path / "again"), ["--resume", str(out / "checkpoint-4")],
+                  threads_per_process=1, timeout=600)
+    assert again[0]["checksum"] == again[1]["checksum"] == first[0]["checksum"]
+    # and averaging changed the training: one pool alone (every batch in turn) ends elsewhere
+    alone = spawn(cli_replica, 1, str(config), str(tmp_path / "alone"), [], threads_per_process=1, timeout=600)
+    assert alone[0]["replicas"] is None and alone[0]["checksum"] != first[0]["checksum"]

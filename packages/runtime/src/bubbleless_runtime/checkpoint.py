@@ -134,7 +134,7 @@ def _name(rank: int) -> str:
 
 
 def _world(group) -> int:
-    return dist.get_world_size(group) if is_distributed() else 1
+    return dist.get_world_size(group) if is_distributed(group) else 1
 
 
 def save(state: dict, directory: str | os.PathLike, group, *, schedule=None, keep: int = 0) -> str:
@@ -146,7 +146,7 @@ def save(state: dict, directory: str | os.PathLike, group, *, schedule=None, kee
     parent directory (0: all). Returns ``directory``."""
     directory = os.path.abspath(os.fspath(directory))
     partial = files.partial_path(directory)
-    rank, world = global_rank(), _world(group)
+    rank, world = global_rank(group), _world(group)
     if rank == 0:
         shutil.rmtree(partial, ignore_errors=True)  # left by a write that was killed
         os.makedirs(partial)
@@ -179,12 +179,12 @@ def manifest_of(directory: str | os.PathLike) -> dict:
     return files.check_complete(os.fspath(directory))
 
 
-def load(directory: str | os.PathLike) -> dict:
-    """This rank's state from ``directory``; ValueError when the checkpoint is incomplete, corrupt, or was
-    written by another number of ranks."""
+def load(directory: str | os.PathLike, group=None) -> dict:
+    """This rank's state from ``directory`` (``group``: the pipeline's, None the default); ValueError when
+    the checkpoint is incomplete, corrupt, or was written by another number of ranks."""
     directory = os.fspath(directory)
     manifest = files.check_complete(directory)
-    rank, world = global_rank(), _world(None)
+    rank, world = global_rank(group), _world(group)
     saved = manifest.get("world_size")
     if saved != world:
         raise ValueError(

@@ -103,12 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_fetch(args)
     try:
         config = resolve_config(args)
-        pool = uses_pool(config.pipeline.schedule)
-        if pool and under_torchrun():
-            raise ValueError(
-                f"pipeline.schedule {config.pipeline.schedule} runs in one process (a thread per device of "
-                "pipeline.devices); run `bubbleless train` without torchrun"
-            )
+        pool = uses_pool(config.pipeline.schedule)  # under torchrun: one pool per process, data-parallel
         if not args.print_config:  # before any process starts: the schedule, its shape and the partition
             num_ranks = int(os.environ["WORLD_SIZE"]) if under_torchrun() else config.pipeline.nproc
             check_reliability(config)

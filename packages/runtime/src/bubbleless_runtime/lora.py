@@ -67,8 +67,9 @@ def save_lora_adapter(
     """
     import torch.distributed as dist
 
-    distributed = dist.is_available() and dist.is_initialized()
-    if distributed:
+    from .collectives import is_distributed
+
+    if is_distributed(group):
         owned_ids = {id(p) for p in owned} if owned is not None else None
         mine = {
             name: p.detach().cpu().clone()

@@ -76,6 +76,7 @@ from bubbleless_schedules.roundrobin_layout import PoolGroups, peak_weight_layer
 from . import pool_plan
 from .arguments import check_common
 from .batches import check_batch, signature_of, split_batch
+from .collectives import THIS_PROCESS
 from .pool_board import Board, PoolAborted
 from .pool_memory import check_fits
 from .pool_options import asks_asynchronous, host_optimizer, weight_upload_options
@@ -206,7 +207,7 @@ class RoundRobinPipeline:
             for i, d in enumerate(self.devices)
         ]
         self.holds_loss = True
-        self.group = None
+        self.group = THIS_PROCESS  # the Trainer's pipeline collectives: none (``replicas`` averages instead)
         self.num_ranks = 1
         self.last_step_result = None
         self.last_steps_trace = None

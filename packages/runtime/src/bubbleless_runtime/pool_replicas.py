@@ -23,7 +23,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from .comm import wait_collective
 
-__all__ = ["BUCKET_BYTES", "ReplicaAverager"]
+__all__ = ["BUCKET_BYTES", "ReplicaAverager", "ReplicaShard"]
 
 BUCKET_BYTES = 16 << 20
 """Small accumulators are all-reduced together in flat buckets up to this size (one collective each); a
@@ -70,7 +70,7 @@ class ReplicaAverager:
         check_replica_group(group)
         self.group = group
         self.size = dist.get_world_size(group)
-        self.rank = dist.get_rank()
+        self.rank = dist.get_rank(group)
         self.timeout = timeout
 
     def agree(self, shapes: list[tuple[int, ...]]) -> None:
@@ -109,3 +109,20 @@ class ReplicaAverager:
 
     def __repr__(self) -> str:
         return f"ReplicaAverager(replicas={self.size}, rank={self.rank})"
+
+
+class ReplicaShard:
+    """Replica ``replica`` of ``replicas``' batches of ``data`` (anything with ``batch(i)``): its i-th batch is
+    ``data.batch(i * replicas + replica)``, so the replicas step on different batches, together each of
+    them once, and a resumed run (same ``i`` everywhere) draws what the uninterrupted one would have."""
+
+    def __init__(self, data, replica: int, replicas: int) -> None:
+        if not 0 <= replica < replicas:
+            raise ValueError(f"replica {replica} is not one of {replicas}")
+        self.data, self.replica, self.replicas = data, replica, replicas
+
+    def batch(self, index: int):
+        return self.data.batch(index * self.replicas + self.replica)
+
+    def __getattr__(self, name: str):  # the rest (sizes, summaries) as the data has them
+        return getattr(self.data, name)

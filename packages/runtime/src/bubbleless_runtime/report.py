@@ -46,6 +46,9 @@ class RunResult:
     steps)."""
     eval_losses: tuple[tuple[int, float], ...] = ()
     """(step, eval loss) of every step that evaluated, from ``metrics.jsonl`` (rank 0; empty without eval)."""
+    replicas: int = 1
+    """Data-parallel pools the run trained on (one per torchrun process; ``tokens_per_second`` is all of
+    theirs), 1 for one pool or a stage-bound pipeline."""
 
 
 def measured_costs(timeline):
@@ -156,7 +159,11 @@ def report(result: RunResult, config) -> str:
     window = max(1, min(10, len(result.losses) // 5))
     first, last = mean(result.losses[:window]), mean(result.losses[-window:])
     p = config.pipeline
-    if p.devices:  # the round-robin pool: one process, a thread per device
+    if p.devices and result.replicas > 1:  # one pool per torchrun process, the gradients averaged
+        workers, worker = f"{result.replicas} data-parallel pools of {len(p.devices)} devices " \
+                          f"({devices_text(p.devices)} each, one per torchrun process)", "device"
+        fed = "per-job F/R/B times and LOAD/STORE transfers"
+    elif p.devices:  # the round-robin pool: one process, a thread per device
         workers, worker = f"{len(p.devices)} devices ({devices_text(p.devices)}, one process: pipeline.nproc " \
                           "ignored)", "device"
         fed = "per-job F/R/B times and LOAD/STORE transfers"

@@ -22,7 +22,9 @@ def gather_to_root(model: nn.Module, owned: Iterable[nn.Parameter] | None, group
     torch.distributed), False elsewhere. Must be called on every rank."""
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()):
+    from .collectives import is_distributed
+
+    if not is_distributed(group):
         return True
     owned_ids = {id(p) for p in owned} if owned is not None else None
     mine = {

@@ -53,18 +53,32 @@ def run_rank(config: RunConfig) -> RunResult:
 
 
 def run_pool(config: RunConfig) -> RunResult:
-    """Train on the round-robin device pool in this process (no ranks, no process group)."""
+    """Train on the round-robin device pool in this process; under torchrun, as one of the world's
+    data-parallel pools (``pool_replicas``: one per process, each on its share of the batches, the host
+    gradients averaged over a gloo group), rank 0 reporting and writing."""
     import torch
+    import torch.distributed as dist
 
-    cpus = os.cpu_count() or 1
+    from .launch import init_from_env
+
+    created = dist.is_available() and under_torchrun() and not dist.is_initialized()
+    if created:  # the replicas' group: gloo, the gradients being averaged live in host memory
+        init_from_env(backend="gloo", timeout=first_step_timeout(config))
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    # the cores of this machine are shared by the pools on it (torchrun's processes per node)
+    cpus = max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
     if all(d == "cpu" for d in config.pipeline.devices):
         # each device thread runs its ops at the same time as the others, and torch's intra-op pool is
         # per calling thread (an OpenMP team each): split the cores between them, as ranks do
         torch.set_num_threads(max(1, cpus // len(config.pipeline.devices)))
     else:  # the device threads mostly launch kernels; the host optimizer's CPU kernels get every core
         torch.set_num_threads(cpus)
-    with deferred_stop() as stop:
-        return _train(config, rank=0, stop=stop)
+    try:
+        with deferred_stop() as stop:
+            return _train(config, rank=rank, stop=stop)
+    finally:
+        if created and dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def _train(config: RunConfig, *, rank: int, stop: StopRequest | None = None) -> RunResult:
@@ -81,18 +95,26 @@ def _train(config: RunConfig, *, rank: int, stop: StopRequest | None = None) -> 
         warmup_cosine,
     )
 
-    seed_everything(config.train.seed)
+    seed_everything(config.train.seed)  # the same initial weights on every rank (and replica)
     pool = uses_pool(config.pipeline.schedule)
+    replicas = _pool_replicas() if pool else None
     piped = build_model(config)
     loss = ScaledLoss(piped.loss_fn)
     data, evaluation, data_summary = training_data(config, rank=rank)  # data.path, else the synthetic task
+    if replicas is not None:  # each pool steps on its own batches
+        import torch.distributed as dist
+
+        from .pool_replicas import ReplicaShard
+
+        data = ReplicaShard(data, rank, dist.get_world_size(replicas))
     if rank == 0 and data_summary:
         print(data_summary)
     auto = config.pipeline.partition == "auto"
     sample_input = sample_input_of(data, config.pipeline.num_microbatches) if auto else None
     scaler = DynamicLossScaler(enabled=config.train.precision == "fp16")
     if pool:  # the pool steps its own host optimizer (fp32 masters and state in host memory, CPU kernels)
-        pipeline = pool_pipeline(config, piped, loss, sample_input, scaler if scaler.enabled else None)
+        pipeline = pool_pipeline(config, piped, loss, sample_input, scaler if scaler.enabled else None,
+                                 data_parallel_group=replicas)
         optimizer = pipeline.optimizer
     else:
         pipeline = stage_pipeline(config, piped, loss, sample_input, rank=rank, schedule=resumed_schedule(config))
@@ -154,14 +176,23 @@ def _train(config: RunConfig, *, rank: int, stop: StopRequest | None = None) -> 
     checkpoint = None
     if config.train.checkpoint or config.train.save_every:
         checkpoint = trainer.save(os.path.join(out, f"checkpoint-{trainer.step}"), keep=config.train.keep_checkpoints)
-    adapter = _save_adapter(config, piped.model, pipeline)
-    saved_model = save_trained_model(config, piped.model, pipeline)  # train.save_model: OUT/model
+    writes = not pool or rank == 0  # a pool is one rank; its replicas hold the same weights
+    adapter = _save_adapter(config, piped.model, pipeline) if writes else None
+    saved_model = save_trained_model(config, piped.model, pipeline) if writes else None  # train.save_model
+    if replicas is not None:  # tokens/s of the whole run: every replica's tokens over the same seconds
+        tokens = _summed(tokens, replicas)
     result = finish(rank, pipeline, losses, tokens / max(seconds, 1e-9), out, checkpoint, adapter, trainer.step)
+    if replicas is not None:
+        import dataclasses
+
+        import torch.distributed as dist
+
+        result = dataclasses.replace(result, replicas=dist.get_world_size(replicas))
     if rank == 0:
         print(report(result, config))
         if saved_model is not None:
             print(f"model dir     {saved_model}  (AutoModelForCausalLM.from_pretrained loads it)")
-    if pool and pipeline.profile is not None:
+    if pool and rank == 0 and pipeline.profile is not None:
         print(pool_partition_effect(pipeline))
     elif rank == 0 and pipeline.profile is not None:
         from .auto_partition import predicted_effect
@@ -169,6 +200,25 @@ def _train(config: RunConfig, *, rank: int, stop: StopRequest | None = None) -> 
         print(predicted_effect(pipeline.schedule, pipeline.profile, pipeline.partition,
                                baseline=pipeline.schedule_before_profile))
     return result
+
+
+def _pool_replicas():
+    """The default group when torch.distributed joins this pool to others (``run_pool`` under torchrun), else
+    None: one pool alone."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return dist.group.WORLD
+    return None
+
+
+def _summed(count: int, group) -> int:
+    import torch
+    import torch.distributed as dist
+
+    total = torch.tensor([count], dtype=torch.int64)
+    dist.all_reduce(total, group=group)
+    return int(total)
 
 
 def _stretch(step: int, steps: int, config: RunConfig, evaluation) -> int:

@@ -126,7 +126,6 @@ def stage_pipeline(config: RunConfig, piped, loss, sample_input, *, rank: int, s
         sample_input=sample_input,
         memory_cap=config.pipeline.memory_cap,
         device=device,
-        timeout=config.pipeline.timeout,
         first_step_timeout=first_step_timeout(config),
         trace=True,  # the report reads last_timeline once, on every rank, after the last step
     )
@@ -145,9 +144,10 @@ def host_optimizer_settings(config: RunConfig, loss_scaler=None) -> dict:
     }  # fmt: skip
 
 
-def pool_pipeline(config: RunConfig, piped, loss, sample_input, loss_scaler=None):
+def pool_pipeline(config: RunConfig, piped, loss, sample_input, loss_scaler=None, data_parallel_group=None):
     """The ``RoundRobinPipeline`` over ``pipeline.devices``; the layers stay on the host (its store), and
-    its host optimizer steps them (``host_optimizer_settings``)."""
+    its host optimizer steps them (``host_optimizer_settings``). ``data_parallel_group``: the replicas its
+    gradients are averaged with (``run_pool`` under torchrun)."""
     from .pool import RoundRobinPipeline
 
     p = config.pipeline
@@ -167,4 +167,5 @@ def pool_pipeline(config: RunConfig, piped, loss, sample_input, loss_scaler=None
         precision=config.train.precision,
         optimizer=host_optimizer_settings(config, loss_scaler),
         trace=True,
+        data_parallel_group=data_parallel_group,
     )

@@ -33,7 +33,7 @@ from bubbleless_offload import HostOptimizer
 from bubbleless_offload.host_optimizer_async import AsyncHostOptimizer
 
 from . import checkpoint
-from .collectives import all_reduce, is_distributed
+from .collectives import all_reduce, barrier, is_distributed
 from .loss_scaling import DynamicLossScaler, ScaledLoss
 from .signals import StopRequest, agreed_signal
 from .train_overlap import overlapped_train_steps
@@ -179,6 +179,9 @@ class Trainer:
         self.step = 0
         self.data_position = 0
         self.shared, self.norm_owned = _shared_parameters(layers, self.params, group)
+        self.replicas = getattr(pipeline, "replicas", None)
+        """Data-parallel pools (``pool_replicas.ReplicaAverager``): the loss is their mean, the stop votes
+        everyone's, and replica 0 alone writes checkpoints; None for one pool or a stage-bound pipeline."""
 
     def train_step(self, data, *, stop: StopRequest | None = None) -> StepStats:
         """Run ``grad_accum`` pipeline steps on ``data.batch(position)`` and one optimizer step.
@@ -318,6 +321,9 @@ class Trainer:
         votes = stop.votes() if stop is not None else []
         value = torch.tensor([local if self.pipeline.holds_loss else 0.0, *votes], dtype=torch.float64)
         all_reduce(value, dist.ReduceOp.SUM, self.group)
+        if self.replicas is not None:  # each replica's loss on its own batch: report their mean
+            all_reduce(value, dist.ReduceOp.SUM, self.replicas.group)
+            value[0] /= self.replicas.size
         return float(value[0]), agreed_signal(value[1:].tolist()) if stop is not None else None
 
     # ---- checkpoints: one file per rank with everything this rank owns (see checkpoint.py) ----
@@ -333,13 +339,22 @@ class Trainer:
     def save(self, directory: str | os.PathLike, *, keep: int = 0) -> str:
         """Write checkpoint ``directory`` atomically, this rank's files and (rank 0) the manifest naming
         the schedule run; call on all ranks. ``keep``: then keep only the newest this many complete
-        checkpoints beside it (0: all)."""
-        return checkpoint.save(self.state_dict(), directory, self.group,
-                               schedule=getattr(self.pipeline, "schedule", None), keep=keep)
+        checkpoints beside it (0: all). Data-parallel pools: call on every replica; replica 0 writes (their
+        states are the same) and each returns once the checkpoint is complete."""
+        if self.replicas is None:
+            return checkpoint.save(self.state_dict(), directory, self.group,
+                                   schedule=getattr(self.pipeline, "schedule", None), keep=keep)
+        try:
+            if self.replicas.rank == 0:
+                checkpoint.save(self.state_dict(), directory, self.group,
+                                schedule=getattr(self.pipeline, "schedule", None), keep=keep)
+        finally:  # a replica whose write failed still lets the others go on (they then find no checkpoint)
+            barrier(self.replicas.group)
+        return os.path.abspath(os.fspath(directory))
 
     def load(self, directory: str | os.PathLike) -> None:
         """Load this rank's files of a complete checkpoint written by ``save`` (checksums verified)."""
-        self.load_state_dict(checkpoint.load(directory))
+        self.load_state_dict(checkpoint.load(directory, self.group))
 
 
 def _check_host_optimizer(pipeline, optimizer, scaler) -> None:
@@ -364,7 +379,7 @@ def _shared_parameters(layers, params, group) -> tuple[list[nn.Parameter], list[
         for p in layer.parameters():
             positions.setdefault(id(p), len(positions))
     mine = sorted({positions[id(p)] for p in params if id(p) in positions})
-    if not is_distributed():
+    if not is_distributed(group):
         return [], list(params)
     everyone: list = [None] * dist.get_world_size(group)
     dist.all_gather_object(everyone, mine, group=group)

@@ -129,3 +129,44 @@ def other_models(rank: int) -> str:
     except ValueError as error:
         return str(error)
     return "no error"
+
+
+REPLICA_CONFIG = """\
+model: {architecture: qwen3, vocab_size: 32, hidden_size: 32, intermediate_size: 64, num_layers: 4, num_heads: 2,
+        num_kv_heads: 1, head_dim: 16}
+data: {task: sort, num_symbols: 16, length: 8, batch_size: 8}
+pipeline: {schedule: roundrobin, devices: [cpu, cpu], partition: even, num_microbatches: 4}
+optimizer: {name: adamw, lr: 3.0e-3, warmup_steps: 0, max_grad_norm: 1.0}
+train: {steps: 8, save_every: 4, precision: fp32, seed: 0}
+"""
+
+
+def cli_replica(rank: int, config_path: str, out: str, extra: list[str]) -> dict:
+    """``bubbleless train`` in a spawned rank (torchrun's environment: RANK and WORLD_SIZE set, the group
+    joined): one data-parallel pool per rank. What it returned, the final weights' checksum, what it wrote."""
+    import contextlib
+    import io
+    import os
+
+    from ..cli import main
+    from ..pool import RoundRobinPipeline
+
+    built: list = []
+    original = RoundRobinPipeline.__init__
+
+    def keep(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        built.append(self)
+
+    RoundRobinPipeline.__init__ = keep
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed):
+            code = main(["train", config_path, "--output-dir", out, *extra])
+    finally:
+        RoundRobinPipeline.__init__ = original
+    pipe = built[-1]
+    return {"code": code, "printed": printed.getvalue(),
+            "checksum": float(sum(hp.param.detach().double().sum() for hp in pipe.store.params)),
+            "replicas": None if pipe.replicas is None else pipe.replicas.size,
+            "files": sorted(os.listdir(out)) if os.path.isdir(out) else []}
