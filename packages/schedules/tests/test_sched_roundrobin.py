@@ -205,3 +205,16 @@ def test_memory_rows_are_memory_delta_per_action():
         for frees in (0.0, 0.4):
             assert layout.memory_rows(schedule, frees) == [
                 [layout.memory_delta(a, schedule, frees) for a in row] for row in schedule.actions]
+
+
+def test_roundrobin_per_layer_costs_given_to_simulate_name_job_costs():
+    from bubbleless_schedules import Costs, generate, job_costs, pool_groups, simulate
+
+    layer_costs = Costs(tuple([1.0] * 12), tuple([2.0] * 12), tuple([0.5] * 12), 0.0)
+    schedule = generate("roundrobin", num_ranks=2, num_microbatches=4, layer_costs=layer_costs)
+    groups = pool_groups(schedule)
+    assert groups.num_stages != groups.num_layers == 12
+    with pytest.raises(ValueError, match=r"12 per-layer values but this round-robin schedule's stages are its "
+                                         r"\d+ jobs: pass job_costs\(layer_costs, pool_groups\(schedule\)\)"):
+        simulate(schedule, layer_costs)
+    assert simulate(schedule, job_costs(layer_costs, groups)).makespan > 0

@@ -13,6 +13,7 @@ from .lowering import add_communication, add_weight_transfers, fuse_backward
 from .placement import loop_placement, v_placement
 from .plot import plot_timeline
 from .registry import aliases, available, canonical_name, generate, register
+from .generators.roundrobin_cut import job_costs
 from .roundrobin_layout import PoolGroups, held_jobs, peak_weight_layers, pool_groups
 from .schedule import Schedule
 from .simulate import Span, Timeline, peak_memory, simulate
@@ -24,7 +25,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Action", "Costs", "Kind", "PoolGroups", "Schedule", "Span", "Timeline",
     "add_communication", "add_weight_transfers", "aliases", "available", "canonical_name", "fuse_backward",
-    "generate", "held_jobs", "loop_placement", "peak_memory", "peak_weight_layers", "plot_timeline", "pool_groups",
+    "generate", "held_jobs", "job_costs", "loop_placement", "peak_memory", "peak_weight_layers", "plot_timeline", "pool_groups",
     "register", "register_layout", "render_timeline", "simulate", "trace_events", "v_placement", "validate",
     "write_trace",
 ]

@@ -141,6 +141,19 @@ def _groups(forward: tuple[int, ...], last: tuple[int, ...], backward: tuple[int
     return PoolGroups(forward, last[0], backward)
 
 
+
+def _check_job_costs(costs: Costs, groups) -> None:
+    """``costs`` per job of ``groups``; per-layer costs (one value per layer) are refused naming the
+    conversion, since a pool schedule's stages are its jobs (``job_costs``), not its layers."""
+    given = costs.num_stages_given()
+    if given is not None and given != groups.num_stages and given == groups.num_layers:
+        raise ValueError(
+            f"costs give {given} per-layer values but this round-robin schedule's stages are its "
+            f"{groups.num_stages} jobs: pass job_costs(layer_costs, pool_groups(schedule)) (both from "
+            f"bubbleless_schedules), or generate it with layer_costs= to let the generator sum them"
+        )
+    costs.check_stages(groups.num_stages)
+
 def pool_groups(schedule) -> PoolGroups:
     """Read the group cut back from a round-robin schedule's meta."""
     try:
@@ -243,7 +256,7 @@ class RoundRobinLayout:
         which dominated simulating the search's large candidates); the same values as the methods."""
         groups = pool_groups(schedule)
         if any(schedule.actions):  # as ``cost`` checks them, once per action
-            costs.check_stages(groups.num_stages)
+            _check_job_costs(costs, groups)
         requires, produces, durations, per_kind_stage = [], [], [], {}
         for row in schedule.actions:
             requires.append([_requires(a, groups) for a in row])
@@ -299,7 +312,7 @@ class RoundRobinLayout:
 
     def cost(self, action: Action, schedule, costs: Costs) -> float:
         groups = pool_groups(schedule)
-        costs.check_stages(groups.num_stages)
+        _check_job_costs(costs, groups)
         return _cost(action, groups, schedule.num_workers, costs)
 
     def missing(self, schedule) -> list[str]:
