@@ -127,7 +127,7 @@ class PipelineConfig:
     weight, gradient and optimizer state in host memory, stage jobs dealt to the devices in turn."""
     nproc: int = 4
     """Pipeline ranks ``bubbleless train`` spawns locally (ignored under torchrun, which sets the world;
-    ignored for ``roundrobin``, which runs in one process)."""
+    ignored for ``roundrobin``, which runs in one process: under torchrun, one data-parallel pool per process)."""
     num_microbatches: int = 8
     """Micro-batches per step; must divide ``data.batch_size``."""
     partition: str | list[int] | dict[str, int | list[int]] = "even"
