@@ -2,6 +2,7 @@
 on completions / assistant turns only, cached, packed or padded, batched deterministically."""
 
 import os
+import re
 import sys
 
 import pytest
@@ -163,4 +164,34 @@ def test_over_long_samples_are_counted_or_refused(tmp_path):
     split = build_data(_config(tmp_path, path=path, batch_size=2, seq_len=24, truncation="drop"), tok)
     assert "0 truncated, 1 dropped" in split.summary
     split = build_data(_config(tmp_path, path=path, batch_size=2, seq_len=24), tok)
-    assert "1 truncated, 0 dropped" in split.summary
+    assert "1 truncated, 0 dropped (data.truncation: truncate), " in split.summary
+    assert re.search(r"truncate\), (\d+) of [\d,]+ tokens cut", split.summary), split.summary
+    assert "warning" not in split.summary
+
+
+def test_a_text_file_without_blank_lines_is_one_sample_and_the_cut_is_said(tmp_path):
+    tok = tiny_tokenizer()
+    text = tmp_path / "book.txt"
+    text.write_text("\n".join(f"line {i} of the book" for i in range(60)) + "\n")
+    split = build_data(_config(tmp_path, path=text, batch_size=1, seq_len=24), tok)
+    assert "1 truncated" in split.summary
+    assert re.search(r"warning: more than half the tokens \([\d,]+ of [\d,]+\) are cut at data.seq_len 24: a .txt "
+                     r"record is a paragraph", split.summary), split.summary
+
+
+def test_a_byte_order_mark_is_skipped_and_another_encoding_is_refused_naming_file_and_line(tmp_path):
+    bom = b"\xef\xbb\xbf"
+    (tmp_path / "bom.jsonl").write_bytes(bom + b'{"text": "caf\xc3\xa9"}\n{"text": "b"}\n')
+    assert [r.fields["text"] for r in read_records(tmp_path / "bom.jsonl")[1]] == ["café", "b"]
+    (tmp_path / "bom.json").write_bytes(bom + b'[{"text": "a"}]')
+    assert read_records(tmp_path / "bom.json")[1][0].fields == {"text": "a"}
+    (tmp_path / "bom.txt").write_bytes(bom + b"first\n\nsecond\n")
+    assert [r.fields["text"] for r in read_records(tmp_path / "bom.txt")[1]] == ["first", "second"]
+    (tmp_path / "sep.jsonl").write_text('{"text": "a\u2028b"}\n{"text": "c"}\n', encoding="utf-8")
+    assert len(read_records(tmp_path / "sep.jsonl")[1]) == 2  # a JSON string may hold U+2028: one record
+    for name in ("latin1.txt", "latin1.jsonl"):
+        body = b"fine\n\ncaf\xe9\n" if name.endswith(".txt") else b'{"text": "a"}\n{"text": "caf\xe9"}\n'
+        (tmp_path / name).write_bytes(body)
+        with pytest.raises(ValueError, match=rf"{name}:[23]: not UTF-8 text \(byte 0xe9 at offset \d+\); save the "
+                                             r"file as UTF-8"):
+            read_records(tmp_path / name)

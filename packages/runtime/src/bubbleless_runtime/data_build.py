@@ -107,14 +107,21 @@ def build_data(config, tokenizer, *, rank: int = 0) -> DataSplit:
         f"train: {kind}{f' ({fill:.0%} filled)' if fill is not None else ''}, {train.batches_per_epoch} batches per "
         f"epoch, {train.trained_tokens():,} of {train.tokens():,} tokens trained; longer than seq_len {d.seq_len}: "
         f"{fitted.truncated} truncated, {fitted.dropped} dropped (data.truncation: {d.truncation})"
+        + (f", {fitted.tokens_cut:,} of {fitted.tokens_in:,} tokens cut" if fitted.tokens_cut else "")
     )
+    if fitted.tokens_cut * 2 > fitted.tokens_in:
+        lines.append(f"warning: more than half the tokens ({fitted.tokens_cut:,} of {fitted.tokens_in:,}) are cut at "
+                     f"data.seq_len {d.seq_len}: a .txt record is a paragraph (blank-line separated), a JSONL/JSON "
+                     "record a sample; split long texts, or raise data.seq_len")
     return DataSplit(train, validation, "\n".join(lines))
 
 
 def _batches(samples, d, pad_id: int, *, shuffle_seed: int | None, what: str = "training") -> TokenBatches:
     if not samples:
+        fix = "raise data.seq_len" + (" or use truncation: truncate" if d.truncation != "truncate" else
+                                      " (each sample's trained tokens lie past it)")
         raise ValueError(f"no {what} sample is left after fitting to data.seq_len {d.seq_len} "
-                         f"(data.truncation: {d.truncation}); raise data.seq_len or use truncation: truncate")
+                         f"(data.truncation: {d.truncation}); {fix}")
     if shuffle_seed is not None and d.packing:  # mix the documents that share a row
         order = torch.randperm(len(samples), generator=torch.Generator().manual_seed(shuffle_seed + 1)).tolist()
         samples = [samples[i] for i in order]

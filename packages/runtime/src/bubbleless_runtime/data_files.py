@@ -10,7 +10,8 @@
 - ``{"messages": [{"role": ..., "content": ...}, ...]}``: a chat, rendered with the tokenizer's chat
   template; the loss counts the assistant turns only.
 
-Every record of a run has the same format (``data.format``, or ``auto``: the first record's keys). A
+Files are UTF-8 (a byte-order mark, as Windows editors write one, is skipped); another encoding is
+refused naming the file and the first byte that is not UTF-8. Every record of a run has the same format (``data.format``, or ``auto``: the first record's keys). A
 record that does not fit raises ``ValueError`` naming the file and line, before anything is tokenized.
 Nothing here imports torch or transformers.
 """
@@ -32,6 +33,9 @@ SUFFIXES = (".jsonl", ".json", ".txt")
 """The file kinds ``data.path`` may name (or a directory may hold)."""
 
 ROLES = ("system", "user", "assistant", "tool")
+
+ENCODING = "utf-8-sig"
+"""How data files are read: UTF-8, a leading byte-order mark skipped."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,17 +81,16 @@ def read_records(path: str | os.PathLike, *, format: str = "auto") -> tuple[str,
 
 
 def _read_file(file: str):
+    text = _utf8(file)
     if file.endswith(".jsonl"):
-        with open(file, encoding="utf-8") as handle:
-            for number, line in enumerate(handle, start=1):
-                if line.strip():
-                    yield Record(fields=_parse(line, f"{file}:{number}"), source=f"{file}:{number}")
+        for number, line in enumerate(text.split("\n"), start=1):
+            if line.strip():
+                yield Record(fields=_parse(line, f"{file}:{number}"), source=f"{file}:{number}")
     elif file.endswith(".json"):
-        with open(file, encoding="utf-8") as handle:
-            try:
-                data = json.load(handle)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{file}:{error.lineno}: not valid JSON ({error.msg})") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{file}:{error.lineno}: not valid JSON ({error.msg})") from None
         if isinstance(data, dict):
             data = [data]
         if not isinstance(data, list):
@@ -97,22 +100,33 @@ def _read_file(file: str):
                 raise ValueError(f"{file}[{index}]: a record must be a JSON object, got {type(item).__name__}")
             yield Record(fields=item, source=f"{file}[{index}]")
     else:
-        yield from _read_text(file)
+        yield from _read_text(file, text)
 
 
-def _read_text(file: str):
+def _utf8(file: str) -> str:
+    """The file's text; ``ValueError`` naming the file and where it stops being UTF-8."""
+    with open(file, "rb") as handle:
+        raw = handle.read()
+    try:
+        return raw.decode(ENCODING)
+    except UnicodeDecodeError as error:
+        line = raw[: error.start].count(b"\n") + 1
+        raise ValueError(f"{file}:{line}: not UTF-8 text (byte 0x{raw[error.start]:02x} at offset {error.start}); "
+                         "save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+
+
+def _read_text(file: str, text: str):
     """Paragraphs (blank-line separated) of a plain-text file, through ``datasets``' text loader."""
     from datasets import load_dataset
 
-    dataset = load_dataset("text", data_files=file, sample_by="paragraph", split="train")
+    dataset = load_dataset("text", data_files=file, sample_by="paragraph", split="train", encoding=ENCODING)
     # datasets drops the line numbers; recover each paragraph's first line for error messages
-    with open(file, encoding="utf-8") as handle:
-        starts, previous_blank = [], True
-        for number, line in enumerate(handle, start=1):
-            blank = not line.strip()
-            if previous_blank and not blank:
-                starts.append(number)
-            previous_blank = blank
+    starts, previous_blank = [], True
+    for number, line in enumerate(text.split("\n"), start=1):
+        blank = not line.strip()
+        if previous_blank and not blank:
+            starts.append(number)
+        previous_blank = blank
     for index, row in enumerate(dataset):
         text = row["text"].strip("\n")
         if text.strip():

@@ -34,6 +34,10 @@ class Fitted:
     dropped: int
     """Samples left out: longer than ``seq_len`` with ``truncation: drop``, or with no trained token left
     after truncation."""
+    tokens_cut: int = 0
+    """Tokens the truncated samples lost and the dropped ones held."""
+    tokens_in: int = 0
+    """Tokens of every sample before fitting."""
 
 
 def fit_length(samples: list[Sample], seq_len: int, truncation: str) -> Fitted:
@@ -42,21 +46,22 @@ def fit_length(samples: list[Sample], seq_len: int, truncation: str) -> Fitted:
         raise ValueError(f"data.truncation {truncation!r} is unknown; choose one of {list(TRUNCATIONS)}")
     if seq_len < 2:
         raise ValueError(f"data.seq_len must be at least 2, got {seq_len}")
-    kept, truncated, dropped = [], 0, 0
+    kept, truncated, dropped, cut_tokens = [], 0, 0, 0
     for sample in samples:
-        if len(sample.input_ids) <= seq_len:
+        n = len(sample.input_ids)
+        if n <= seq_len:
             kept.append(sample)
             continue
         if truncation == "drop":
-            dropped += 1
+            dropped, cut_tokens = dropped + 1, cut_tokens + n
             continue
         cut = Sample(sample.input_ids[:seq_len], sample.labels[:seq_len], sample.source)
         if all(v == IGNORE_INDEX for v in cut.labels):
-            dropped += 1  # the trained part (a completion, the assistant turns) lies past seq_len
+            dropped, cut_tokens = dropped + 1, cut_tokens + n  # the trained part lies past seq_len
             continue
-        truncated += 1
+        truncated, cut_tokens = truncated + 1, cut_tokens + n - seq_len
         kept.append(cut)
-    return Fitted(kept, truncated, dropped)
+    return Fitted(kept, truncated, dropped, cut_tokens, sum(len(s.input_ids) for s in samples))
 
 
 def pack(samples: list[Sample], seq_len: int) -> list[list[Sample]]:
