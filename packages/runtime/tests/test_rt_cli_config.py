@@ -41,6 +41,7 @@ def test_embedded_default_is_the_documented_demo():
         ("optimizer:\n  lrr: 0.1\n", "unknown config key 'optimizer.lrr'"),
         ("trian:\n  steps: 3\n", "unknown config key 'trian'"),
         ("train:\n  steps: many\n", "'train.steps' expects int"),
+        ("train:\n  steps: .inf\n", "'train.steps' expects int, got inf"),
         ("train:\n  precision: fp8\n", "train.precision"),
         ("data:\n  batch_size: 30\n", "not divisible"),
         ("model: 3\n", "must be a mapping"),

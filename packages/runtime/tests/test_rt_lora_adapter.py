@@ -90,3 +90,25 @@ def test_two_ranks_gather_their_adapters_into_one_save(tmp_path):
         layer = reloaded.get_base_model().model.layers[rank]
         values = torch.cat([p.flatten() for n, p in layer.named_parameters() if "lora_" in n])
         torch.testing.assert_close(values, torch.full_like(values, 0.01 * (rank + 1)))
+
+
+def test_an_adapter_of_a_local_base_named_by_a_relative_path_records_it_absolute(tmp_path, monkeypatch):
+    import json
+
+    from bubbleless_runtime.generate import adapter_base
+
+    base = tmp_path / "work" / "base-model"
+    build_causal_lm("qwen3", seed=0, **TINY).save_pretrained(base)
+    monkeypatch.chdir(tmp_path / "work")  # training ran here, with model.path: base-model
+    peft_model = apply_lora(build_causal_lm("qwen3", seed=0, **TINY), rank=4, alpha=8)
+    for config in peft_model.peft_config.values():
+        config.base_model_name_or_path = "base-model"
+    save_lora_adapter(peft_model, tmp_path / "adapter")
+    recorded = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())["base_model_name_or_path"]
+    assert recorded == str(base)
+    monkeypatch.chdir(tmp_path)  # generate from elsewhere still finds it
+    assert adapter_base(str(tmp_path / "adapter"), None) == str(base)
+    # an adapter written before, with the relative path: the error says what to do
+    (tmp_path / "adapter" / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "base-model"}))
+    with pytest.raises(ValueError, match=r"names its base model by the relative path 'base-model'.*pass --base DIR"):
+        adapter_base(str(tmp_path / "adapter"), None)

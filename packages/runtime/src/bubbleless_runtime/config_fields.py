@@ -338,7 +338,7 @@ def _coerce(value, kind, key: str):
             if not isinstance(value, str):
                 raise TypeError
             return value
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: int(float("inf"))
         pass
     else:
         raise AssertionError(f"unhandled config type {kind} for {key}")

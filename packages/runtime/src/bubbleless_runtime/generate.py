@@ -67,6 +67,10 @@ def adapter_base(model_dir: str, base: str | None) -> str:
         if base is None:
             raise ValueError(f"the adapter in {model_dir} does not name its base model "
                              "(base_model_name_or_path is empty): pass --base DIR")
+        if not os.path.isabs(base) and not os.path.isdir(base):  # relative to where the run was launched
+            raise ValueError(f"the adapter in {model_dir} names its base model by the relative path {base!r}, "
+                             f"which is not a directory from here ({os.getcwd()}): run from where training ran, "
+                             "or pass --base DIR")
     _local_dir(base, "the adapter's base model")
     if not os.path.isfile(os.path.join(base, "config.json")):
         raise ValueError(f"the adapter's base model {base!r} has no config.json; pass --base DIR with the model "

@@ -86,5 +86,9 @@ def save_lora_adapter(
             for part in gathered:
                 for name, value in part.items():
                     params[name].copy_(value)
+    for config in getattr(peft_model, "peft_config", {}).values():  # a local base: findable from anywhere
+        base = getattr(config, "base_model_name_or_path", None)
+        if base and os.path.isdir(base) and not os.path.isabs(base):
+            config.base_model_name_or_path = os.path.abspath(base)
     peft_model.save_pretrained(str(path))
     return str(path)
