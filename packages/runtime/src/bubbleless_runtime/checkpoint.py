@@ -19,6 +19,15 @@ applied an update in flight, and a resume restores them, so it continues bit-ide
 saved them.
 
 ``rng`` holds the generators' states, CUDA's among them where CUDA is available (``checkpoint_rng``).
+
+Optimizer hyperparameters follow the run, not the checkpoint: loading an optimizer's and a scheduler's
+state would bring back the saved ``lr`` (the scheduler's ``base_lrs``, each group's ``initial_lr`` and
+``lr``), ``weight_decay``, ``betas``, ``eps`` and ``momentum``, silently undoing a config changed to resume
+with another learning rate. ``restore`` notes those of the optimizer as built (from the config) first, and
+where the loaded ones differ puts them back, the lr scaled by the schedule at the resumed step, and says so
+in one line (rank 0). The same config resumes untouched, so bit-identically. The pool's host optimizer
+steps with its ``torch_optimizer``'s groups (the one-step-stale one copies them at every hand-off), so the
+same applies there.
 """
 
 from __future__ import annotations
@@ -113,6 +122,7 @@ def restore(trainer, state: dict) -> None:
             raise ValueError(f"checkpoint parameter shape {tuple(saved.shape)} != {tuple(p.shape)}")
     _check_optimizer_kind(trainer, state)
     trainer.synchronize()
+    configured = _hyperparameters(trainer)
     with torch.no_grad():
         for p, saved in zip(trainer.params, state["params"], strict=True):
             p.copy_(saved)
@@ -122,11 +132,68 @@ def restore(trainer, state: dict) -> None:
         store.load_master_state_dict(dict(zip(store.master_state_dict(), state["masters"], strict=True)))
     if trainer.scheduler is not None and state["scheduler"] is not None:
         trainer.scheduler.load_state_dict(state["scheduler"])
+    changed = _apply_hyperparameters(trainer, configured)
+    if changed and (not dist.is_initialized() or dist.get_rank() == 0):  # data-parallel pools: replica 0 alone
+        print(f"resume: the config's optimizer settings replace the checkpoint's: {'; '.join(changed)}")
     trainer.scaler.load_state_dict(state["scaler"])
     restore_rng(state["rng"])
     trainer.step, trainer.data_position = state["step"], state["data_position"]
     drained = state.get("drained")
     trainer.drained = None if drained is None else HostStepResult(grad_norm=drained[0], skipped=drained[1])
+
+
+_HYPERPARAMETERS = ("weight_decay", "betas", "eps", "momentum")  # of the config's optimizer.*; lr: below
+
+
+def _torch_optimizer(trainer) -> torch.optim.Optimizer:
+    return getattr(trainer.optimizer, "torch_optimizer", trainer.optimizer)  # the pool's host optimizer's
+
+
+def _hyperparameters(trainer) -> list[dict]:
+    """Per parameter group, the optimizer's base lr (before the schedule's factor) and ``_HYPERPARAMETERS``."""
+    groups = _torch_optimizer(trainer).param_groups
+    bases = trainer.scheduler.base_lrs if trainer.scheduler is not None else [g["lr"] for g in groups]
+    return [{"lr": base, **{k: g[k] for k in _HYPERPARAMETERS if k in g}} for base, g in zip(bases, groups, strict=True)]
+
+
+def _apply_hyperparameters(trainer, configured: list[dict]) -> list[str]:
+    """Put back the ``configured`` hyperparameters where the loaded ones differ; what changed, as text."""
+    loaded = _hyperparameters(trainer)
+    if loaded == configured:
+        return []
+    groups, scheduler = _torch_optimizer(trainer).param_groups, trainer.scheduler
+    changed = []
+    for index, (group, want, had) in enumerate(zip(groups, configured, loaded, strict=True)):
+        for key in want:
+            note = f"{key} {_number(had.get(key))} -> {_number(want[key])}"
+            if want[key] != had.get(key) and note not in changed:  # one note for groups that changed alike
+                changed.append(note)
+        group.update({k: v for k, v in want.items() if k != "lr"})
+        if want["lr"] != had["lr"]:
+            if scheduler is None:
+                group["lr"] = want["lr"]
+            else:
+                scheduler.base_lrs[index] = want["lr"]
+                group["initial_lr"] = want["lr"]
+                group["lr"] = _scheduled_lr(scheduler, index, want["lr"], group["lr"], had["lr"])
+    if scheduler is not None:
+        scheduler._last_lr = [g["lr"] for g in groups]  # what get_last_lr() reports
+    return changed
+
+
+def _scheduled_lr(scheduler, index: int, base: float, current: float, old_base: float) -> float:
+    """The lr of group ``index`` at the scheduler's step with base lr ``base``: a ``LambdaLR``'s factor
+    there, another scheduler's current lr scaled by the change of base."""
+    lambdas = getattr(scheduler, "lr_lambdas", None)
+    if isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR) and lambdas:
+        return base * lambdas[index](scheduler.last_epoch)
+    return current * base / old_base if old_base else base
+
+
+def _number(value) -> str:
+    if isinstance(value, (tuple, list)):
+        return "(" + ", ".join(_number(v) for v in value) + ")"
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def _name(rank: int) -> str:

@@ -7,12 +7,24 @@ Writing ``<parent>/checkpoint-12`` (``write_directory``, every rank together):
    the world size, the cut, the schedule, package versions), fsyncs it and the directory;
 3. rank 0 renames the directory into place (an older one of that name is moved aside first), fsyncs
    the parent, updates ``<parent>/latest`` (written to a temporary file and renamed over it), and
-   removes checkpoints beyond the newest ``keep``.
+   removes checkpoints beyond the newest ``keep`` (below).
 
 A directory is complete when its manifest reads and every file it lists is there with its size
 (``check_complete``); loading also checks each file's sha256. A run killed at any moment leaves either
 the previous complete checkpoint or both; the ``.partial`` directory it may leave is never taken for a
 checkpoint and is removed by the next write (old checkpoints, too, are renamed away before removal). Multi-node runs need ``output_dir`` on a shared file system.
+
+An ``output_dir`` may also hold an earlier run's checkpoints, of higher steps than this run's; step
+numbers alone would then pick the wrong run's. So "newest" means "written last", not "highest step":
+
+- ``latest`` (``latest_complete``) is the checkpoint the ``latest`` file names, when it names a complete
+  one; else (no such file, or what it names was removed or cut short) the complete one of the highest step.
+- Pruning keeps the checkpoint just written and the ``keep - 1`` others written last (the manifest's
+  ``written`` time; for a manifest without one, the manifest file's mtime), whatever their steps.
+- ``bubbleless train`` warns when it will write checkpoints into an ``output_dir`` already holding ones of a
+  higher step than it starts from (``train_pipelines.warn_of_later_checkpoints``).
+- ``--resume <a run's output_dir>`` (a directory holding checkpoints and ``latest``, not a checkpoint)
+  resumes that directory's ``latest``, as ``--output-dir <it> --resume latest`` does (``resolve``).
 """
 
 from __future__ import annotations
@@ -22,6 +34,7 @@ import json
 import os
 import re
 import shutil
+import time
 from importlib import metadata
 
 from .checkpoint_state import fsync_dir, read_json
@@ -59,7 +72,7 @@ def versions() -> dict[str, str]:
 
 def publish(partial: str, directory: str, manifest: dict, *, keep: int) -> None:
     """Rank 0, after every rank has written into ``partial``: manifest, rename, ``latest``, pruning."""
-    manifest = {"format": FORMAT, "version": VERSION, **manifest, "versions": versions()}
+    manifest = {"format": FORMAT, "version": VERSION, **manifest, "versions": versions(), "written": time.time()}
     path = os.path.join(partial, MANIFEST)
     with open(path, "w") as f:
         json.dump(manifest, f, indent=1)
@@ -130,8 +143,8 @@ def verify_file(directory: str, name: str, manifest: dict) -> str:
     return path
 
 
-def complete_checkpoints(parent: str) -> list[tuple[int, str]]:
-    """(step, path) of every complete ``checkpoint-<step>`` under ``parent``, oldest first."""
+def _complete(parent: str) -> list[tuple[int, str, dict]]:
+    """(step, path, manifest) of every complete ``checkpoint-<step>`` under ``parent``, by step."""
     if not os.path.isdir(parent):
         return []
     found = []
@@ -140,46 +153,101 @@ def complete_checkpoints(parent: str) -> list[tuple[int, str]]:
         if match:
             path = os.path.join(parent, name)
             try:
-                check_complete(path)
+                manifest = check_complete(path)
             except ValueError:
                 continue
-            found.append((int(match.group(1)), path))
-    return sorted(found)
+            found.append((int(match.group(1)), path, manifest))
+    return sorted(found, key=lambda entry: entry[:2])
+
+
+def complete_checkpoints(parent: str) -> list[tuple[int, str]]:
+    """(step, path) of every complete ``checkpoint-<step>`` under ``parent``, lowest step first."""
+    return [(step, path) for step, path, _ in _complete(parent)]
 
 
 def newest_complete(parent: str) -> str | None:
+    """The complete checkpoint of the highest step under ``parent`` (None: none)."""
     found = complete_checkpoints(parent)
     return found[-1][1] if found else None
 
 
+def named_by_latest(parent: str) -> str | None:
+    """The checkpoint ``<parent>/latest`` names, when the file is there and what it names is complete."""
+    try:
+        with open(os.path.join(parent, LATEST)) as f:
+            name = f.read().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    path = os.path.join(parent, name)
+    if not _NAME.match(name) or not os.path.isdir(path):
+        return None
+    try:
+        check_complete(path)
+    except ValueError:
+        return None
+    return path
+
+
+def latest_complete(parent: str) -> str | None:
+    """What ``--resume latest`` means under ``parent``: the checkpoint ``latest`` names when complete, else
+    the complete one of the highest step (None: no complete checkpoint)."""
+    return named_by_latest(parent) or newest_complete(parent)
+
+
+def _written(path: str, manifest: dict) -> float:
+    written = manifest.get("written")
+    if isinstance(written, (int, float)) and not isinstance(written, bool):
+        return float(written)
+    return os.path.getmtime(os.path.join(path, MANIFEST))  # written before manifests kept the time
+
+
 def prune(parent: str, keep: int, *, protect: str) -> None:
-    """Remove all but the newest ``keep`` complete checkpoints, and partial ones left by killed writes."""
-    found = complete_checkpoints(parent)
-    for _, path in found[:-keep]:
-        if os.path.abspath(path) != os.path.abspath(protect):
-            # renamed away first: a kill during the removal must not leave a half-deleted checkpoint-N
-            doomed = os.path.join(parent, f".{os.path.basename(path)}.deleting")
-            shutil.rmtree(doomed, ignore_errors=True)
-            os.rename(path, doomed)
+    """Keep ``protect`` (the checkpoint just written) and the ``keep - 1`` other complete checkpoints written
+    last (not the highest steps: an earlier run's may be there); remove the rest, and partial ones."""
+    protect = os.path.abspath(protect)
+    others = sorted((_written(path, manifest), step, path) for step, path, manifest in _complete(parent)
+                    if os.path.abspath(path) != protect)
+    for _, _, path in others[: max(0, len(others) - (keep - 1))]:
+        # renamed away first: a kill during the removal must not leave a half-deleted checkpoint-N
+        doomed = os.path.join(parent, f".{os.path.basename(path)}.deleting")
+        shutil.rmtree(doomed, ignore_errors=True)
+        os.rename(path, doomed)
     for name in os.listdir(parent):
         if name.startswith(".checkpoint-") and name.endswith((".partial", ".partial.old", ".deleting")):
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
 
 
+def is_run_directory(path: str) -> bool:
+    """Whether ``path`` is a run's output directory (it holds ``latest`` or ``checkpoint-<step>``
+    directories and is no checkpoint itself), not a checkpoint."""
+    if not os.path.isdir(path) or os.path.exists(os.path.join(path, MANIFEST)):
+        return False
+    names = os.listdir(path)
+    return LATEST in names or any(_NAME.match(n) and os.path.isdir(os.path.join(path, n)) for n in names)
+
+
 def resolve(resume: str, output_dir: str) -> str:
-    """The complete checkpoint ``train.resume`` means: ``latest`` (the newest complete one under
-    ``output_dir``) or a directory, checked complete; ValueError naming the newest complete one if not."""
+    """The complete checkpoint ``train.resume`` means: ``latest`` (``latest_complete`` under ``output_dir``),
+    a run directory (its ``latest_complete``), or a checkpoint directory, checked complete; ValueError
+    naming the one to resume from if not."""
     if resume == "latest":
-        newest = newest_complete(output_dir)
-        if newest is None:
+        found = latest_complete(output_dir)
+        if found is None:
             raise ValueError(f"train.resume is latest but {output_dir} holds no complete checkpoint; "
                              "drop --resume to start afresh")
-        return newest
+        return found
+    if is_run_directory(resume):
+        found = latest_complete(resume)
+        if found is None:
+            raise ValueError(f"train.resume {resume} is a run's output directory, not a checkpoint, and it holds no "
+                             "complete checkpoint; name a checkpoint-<step> directory, or drop --resume to start "
+                             "afresh")
+        return found
     try:
         check_complete(resume)
     except ValueError as error:
         parent = os.path.dirname(os.path.abspath(resume))
-        newest = newest_complete(parent)
+        newest = latest_complete(parent)
         hint = (f"; the newest complete checkpoint there is {newest}: resume from it (or --resume latest)"
                 if newest else f"; {parent} holds no complete checkpoint")
         raise ValueError(f"{error}{hint}") from error

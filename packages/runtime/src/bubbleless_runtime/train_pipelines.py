@@ -14,7 +14,8 @@ from .config_checks import is_schedule_path, pool_groups_of, schedule_from_file
 
 
 def check_reliability(config: RunConfig) -> None:
-    """The timeouts and checkpoint settings, and ``train.resume`` resolved to a complete checkpoint."""
+    """The timeouts and checkpoint settings, ``train.resume`` resolved to a complete checkpoint (``latest``
+    and a run directory: the one named, on a line of its own), and ``warn_of_later_checkpoints``."""
     from . import checkpoint_files
 
     p, t = config.pipeline, config.train
@@ -24,7 +25,39 @@ def check_reliability(config: RunConfig) -> None:
     if isinstance(t.keep_checkpoints, bool) or not isinstance(t.keep_checkpoints, int) or t.keep_checkpoints < 0:
         raise ValueError(f"train.keep_checkpoints must be 0 (keep all) or a positive count, got {t.keep_checkpoints!r}")
     if t.resume:
-        t.resume = checkpoint_files.resolve(t.resume, t.output_dir)
+        given, t.resume = t.resume, checkpoint_files.resolve(t.resume, t.output_dir)
+        if given != t.resume and _rank_zero():
+            print(f"resume: {given} is {t.resume}")
+    warn_of_later_checkpoints(config)
+
+
+def _rank_zero() -> bool:
+    """Whether this process speaks for the run: the one ``bubbleless train`` process, or torchrun's rank 0."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+def warn_of_later_checkpoints(config: RunConfig) -> None:
+    """A UserWarning (rank 0) when this run will write checkpoints into an ``output_dir`` that already holds
+    complete ones of a higher step than it starts from: an earlier run's, which step numbers alone would
+    take for the newest (``checkpoint_files``: ``latest`` and pruning go by what was written last)."""
+    import warnings
+
+    from . import checkpoint_files
+
+    t = config.train
+    if not (t.checkpoint or t.save_every) or not _rank_zero():
+        return
+    start = checkpoint_files.check_complete(t.resume)["step"] if t.resume else 0
+    later = [os.path.basename(path) for step, path in checkpoint_files.complete_checkpoints(t.output_dir)
+             if step > start]
+    if later:
+        warnings.warn(
+            f"train.output_dir {t.output_dir} already holds {', '.join(later)}, of later steps than this run starts "
+            f"from (step {start}): this run's checkpoints go beside them, train.keep_checkpoints prunes by when "
+            f"checkpoints were written, and --resume latest follows {os.path.join(t.output_dir, 'latest')} (this "
+            "run's newest checkpoint), not the highest step; use another --output-dir to keep runs apart",
+            UserWarning, stacklevel=2,
+        )
 
 
 def reuse_checkpoint_cut(config: RunConfig) -> None:

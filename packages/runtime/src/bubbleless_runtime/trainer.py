@@ -333,7 +333,8 @@ class Trainer:
         return checkpoint.capture(self)
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore ``state_dict()``; ValueError when it was cut differently or holds other parameters."""
+        """Restore ``state_dict()``; ValueError when it was cut differently or holds other parameters. The
+        optimizer's hyperparameters as built (lr, weight_decay, betas, ...) stay: ``checkpoint.restore``."""
         checkpoint.restore(self, state)
 
     def save(self, directory: str | os.PathLike, *, keep: int = 0) -> str:
