@@ -4,6 +4,7 @@
     python -m bench.check --only schedules      # one figure set (modelled, schedules, ratios)
     python -m bench.check --measured bench/results/measured.json    # also measured tokens/s
     python -m bench.check --update [--measured RUN.json ...]         # rewrite the baselines
+    python -m bench.check --only modelled --update --key '* h200 x8'  # rewrite only the matching figures
 
 A deterministic figure (bench/figures.py: modelled tokens/s and longest sequence, simulated makespans,
 schedule ratios) fails on any drop at all (beyond float rounding, ``RELATIVE_EPS``); a figure that is
@@ -25,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as `python bench/check.py`: make `bench` importable
     sys.path.insert(0, str(ROOT))
 
-from bench.figures import FIGURE_SETS, HIGHER, LOWER, FigureSet  # noqa: E402
+from bench.figures import FIGURE_SETS, HIGHER, LOWER, FigureSet, KeyPatterns  # noqa: E402
 
 BASELINES = ROOT / "bench" / "baselines"
 RELATIVE_EPS = 1e-6
@@ -113,9 +114,20 @@ def check_set(figure_set: FigureSet, folder: Path, *, keys: set | None = None) -
     return findings
 
 
-def update_set(figure_set: FigureSet, folder: Path) -> Path:
+def update_set(figure_set: FigureSet, folder: Path, *, keys=None) -> Path | None:
+    """Rewrite ``figure_set``'s baseline from fresh figures; its path, or None if ``keys`` matched nothing.
+
+    ``keys`` (a set or ``KeyPatterns``) rewrites only those: the stored figures outside them stay as they
+    are, and a stored one inside them with no fresh figure is dropped, as a full update drops it."""
     path = baseline_path(folder, figure_set.name)
-    write_json(path, {"about": figure_set.about, "directions": figure_set.groups, "figures": figure_set.compute(None)})
+    figures = fresh = figure_set.compute(keys)
+    if keys is not None:
+        stored = load_baseline(folder, figure_set.name)["figures"]
+        if not any(fresh.values()) and not any(k in keys for group in stored.values() for k in group):
+            return None
+        figures = {group: {**{k: v for k, v in stored.get(group, {}).items() if k not in keys}, **fresh.get(group, {})}
+                   for group in figure_set.groups}
+    write_json(path, {"about": figure_set.about, "directions": figure_set.groups, "figures": figures})
     return path
 
 
@@ -125,6 +137,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--baselines", type=Path, default=BASELINES, help="folder of the baseline JSON files")
     parser.add_argument("--only", action="append", choices=[s.name for s in FIGURE_SETS],
                         help="check (or update) only this deterministic set (repeatable)")
+    parser.add_argument("--key", action="append", default=None, metavar="PATTERN",
+                        help="check (or update) only the figures whose key matches this shell pattern, e.g. "
+                             "'* h200 x8' or 'zbv qwen3-1.7b a800 x8' (repeatable); --update keeps the others")
     parser.add_argument("--measured", type=Path, nargs="+", default=None,
                         help="measured result JSON file(s) (bench.measured's output) to check or, with --update, "
                              "to write the measured baseline from (several: repeated runs)")
@@ -133,20 +148,32 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        return _run(args)
+    except ValueError as error:  # a missing baseline or run file, a --key that names no figure
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
     from bench.measured_baseline import check_measured, update_measured
 
-    args = parse_args(argv)
     sets = [] if args.no_deterministic else [s for s in FIGURE_SETS if not args.only or s.name in args.only]
+    keys = KeyPatterns(tuple(args.key)) if args.key else None
     if args.update:
-        for figure_set in sets:
-            print(f"wrote {update_set(figure_set, args.baselines)}")
+        paths = [update_set(figure_set, args.baselines, keys=keys) for figure_set in sets]
+        if sets and not any(paths):
+            raise ValueError(f"--key {' '.join(args.key)}: matches no figure of {', '.join(s.name for s in sets)}")
+        for path in filter(None, paths):
+            print(f"wrote {path}" + ("" if keys is None else " (only the figures --key matches)"))
         if args.measured:
             print(f"wrote {update_measured(args.measured, args.baselines)}")
         print("review the change with `git diff bench/baselines`")
         return 0
     findings: list[Finding] = []
     for figure_set in sets:
-        found = check_set(figure_set, args.baselines)
+        found = check_set(figure_set, args.baselines, keys=keys)
         counted = {k: sum(f.kind == k for f in found) for k in ("drop", "missing", "gain", "new")}
         print(f"{figure_set.name}: " + ", ".join(f"{n} {k}" for k, n in counted.items()))
         findings += found
@@ -158,6 +185,10 @@ def main(argv=None) -> int:
     for finding in findings:
         if finding.kind != "gain" or len(findings) < 40:
             print("  " + finding.line())
+    if keys is not None and sets and not findings and not any(
+            key in keys for s in sets for group in load_baseline(args.baselines, s.name)["figures"].values()
+            for key in group):
+        raise ValueError(f"--key {' '.join(args.key)}: matches no figure of {', '.join(s.name for s in sets)}")
     failed = [f for f in findings if f.fails]
     if failed:
         print(f"bench check FAILED: {len(failed)} figure(s) dropped or missing. If the change is intended, "

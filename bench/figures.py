@@ -12,6 +12,7 @@ Names are ``group/key``: ``modelled/tokens_per_s/zbv qwen3-1.7b rtx4090 x8``.
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 from dataclasses import dataclass
 
@@ -41,6 +42,11 @@ MODELLED_POINTS = (  # (model, hardware, gpus): seq 2048, 32 sequences per step,
 )
 """Five points: the two round-robin systems plan for 25-90 s a point on the build VM (the bulk of the check's
 5-9 minutes), every other system in about 2 s."""
+STAGE_BOUND_SYSTEMS = ("zbv", "1f1b")
+STAGE_BOUND_POINTS = tuple((model, hw, 8) for hw in ("mi300x", "h200")
+                           for model in ("qwen3-1.7b", "llama-3.1-8b", "qwen3-32b", "qwen3-235b-a22b"))
+"""The README's datacenter claim (zbv over torch 1F1B on 8 A800 / MI300X / H200, 1.7B to the 235B LoRA; the
+A800 half is in MODELLED_POINTS): stage-bound systems only, each point plans in about 2 s (no round-robin)."""
 SCHEDULE_SHAPES = ((2, 4), (4, 8), (4, 12), (8, 16))
 UNEVEN = {"forward": 1.0, "backward_input": 1.2, "backward_weight": 0.8, "comm": 0.05}
 """The second cost set: generated and simulated under it (cost-aware generators see it)."""
@@ -50,19 +56,36 @@ def modelled_key(system: str, model: str, hw: str, gpus: int) -> str:
     return f"{system} {model} {hw} x{gpus}"
 
 
+@dataclass(frozen=True)
+class KeyPatterns:
+    """A ``keys`` filter for ``FigureSet.compute``: the keys matching any of ``patterns`` (shell wildcards,
+    ``fnmatch``), so a filter can name figures no baseline holds yet (``--key '* h200 x8'``). Hashable: the
+    schedule timelines are cached per filter."""
+
+    patterns: tuple[str, ...]
+
+    def __contains__(self, key: str) -> bool:
+        return any(fnmatch.fnmatchcase(key, pattern) for pattern in self.patterns)
+
+
+def modelled_keys() -> list[tuple[str, str, str, int]]:
+    """(system, model, hardware, gpus) of every modelled figure."""
+    return ([(s, *p) for p in MODELLED_POINTS for s in MODELLED_SYSTEMS]
+            + [(s, *p) for p in STAGE_BOUND_POINTS for s in STAGE_BOUND_SYSTEMS])
+
+
 def compute_modelled(keys: set | None = None) -> dict[str, dict[str, float]]:
     from bench.modelled import predict
     from bench.modelled.report import point
 
     out: dict[str, dict[str, float]] = {"tokens_per_s": {}, "max_seq_len": {}}
-    for model, hw, gpus in MODELLED_POINTS:
-        for system in MODELLED_SYSTEMS:
-            key = modelled_key(system, model, hw, gpus)
-            if keys is not None and key not in keys:
-                continue
-            p = predict(system, point(model, hw, gpus))
-            out["tokens_per_s"][key] = round(p.tokens_per_s, 3)
-            out["max_seq_len"][key] = p.max_seq_len
+    for system, model, hw, gpus in modelled_keys():
+        key = modelled_key(system, model, hw, gpus)
+        if keys is not None and key not in keys:
+            continue
+        p = predict(system, point(model, hw, gpus))
+        out["tokens_per_s"][key] = round(p.tokens_per_s, 3)
+        out["max_seq_len"][key] = p.max_seq_len
     return out
 
 
@@ -91,7 +114,7 @@ def _simulate_grid(keys: frozenset | None):
 
 
 def _frozen(keys):
-    return None if keys is None else frozenset(keys)
+    return keys if keys is None or isinstance(keys, KeyPatterns) else frozenset(keys)
 
 
 def compute_schedules(keys: set | None = None) -> dict[str, dict[str, float]]:
@@ -113,8 +136,8 @@ def compute_ratios(keys: set | None = None) -> dict[str, dict[str, float]]:
 FIGURE_SETS = (
     FigureSet(name="modelled", groups={"tokens_per_s": HIGHER, "max_seq_len": HIGHER}, compute=compute_modelled,
               about="Modelled (not measured) tokens/s and longest sequence, seq 2048, 32 sequences per step, bf16: "
-                    "bench/figures.py MODELLED_POINTS x MODELLED_SYSTEMS; `python bench/model.py ... --json` "
-                    "reproduces each."),
+                    "bench/figures.py MODELLED_POINTS x MODELLED_SYSTEMS and STAGE_BOUND_POINTS x "
+                    "STAGE_BOUND_SYSTEMS; `python bench/model.py ... --json` reproduces each."),
     FigureSet(name="schedules", groups={"makespan": LOWER}, compute=compute_schedules,
               about="Simulated makespans of every registered schedule at (p, m) in bench/figures.py "
                     "SCHEDULE_SHAPES, unit costs and the UNEVEN costs (generated and simulated under them)."),

@@ -12,7 +12,7 @@ Every number printed is modelled (``"modelled": true``); see bench/modelled/ for
 from __future__ import annotations
 
 import argparse
-import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -24,6 +24,7 @@ if str(ROOT) not in sys.path:  # run as a script: make `bench` importable
 from bench.modelled import Point, predict, systems  # noqa: E402
 from bench.modelled.common import PRECISIONS  # noqa: E402
 from bench.modelled.cpu_ops import load_cpu_profile  # noqa: E402
+from bench.strict_json import dumps  # noqa: E402
 from bubbleless_partition import HARDWARE, SHAPES, hardware, shape  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "modelled.md"
@@ -59,7 +60,10 @@ def point_of(args: argparse.Namespace) -> Point:
     path = Path(args.hardware)
     # a YAML profile with its measured small-op rates when they lie beside it (cpu.yaml + cpu_ops.yaml),
     # priced as the calibration and the report price it (``profile_of``); a GPU profile file loads as it is
-    hw = load_cpu_profile(path) if path.suffix in (".yaml", ".yml") else hardware(args.hardware)
+    yaml = path.suffix in (".yaml", ".yml")
+    if yaml and not path.is_file():
+        raise ValueError(f"--hardware {args.hardware}: no such profile file (built-in: {', '.join(sorted(HARDWARE))})")
+    hw = load_cpu_profile(path) if yaml else hardware(args.hardware)
     lora = DEFAULT_LORA.get(args.model) if args.lora_rank is None else (args.lora_rank or None)
     return Point(shape=shape(args.model), hardware=hw, gpus=args.gpus, seq_len=args.seq_len,
                  micro_batch=args.micro_batch, global_batch=args.global_batch, precision=args.precision,
@@ -91,7 +95,7 @@ def main(argv=None) -> int:
     try:
         point = point_of(args)
         result = predict(args.system, point)
-    except ValueError as error:
+    except (ValueError, OSError) as error:  # OSError: a profile file that exists but cannot be read
         print(f"error: {error}", file=sys.stderr)
         return 2
     if args.json:
@@ -99,12 +103,14 @@ def main(argv=None) -> int:
         out.update(hardware=point.hardware.name, gpus=point.gpus, model=args.model, seq_len=point.seq_len,
                    micro_batch=point.micro_batch, global_batch=point.global_batch, precision=point.precision,
                    lora_rank=point.lora_rank)
-        print(json.dumps(out, sort_keys=False))
+        print(dumps(out, sort_keys=False))  # a point that does not fit: step and peak null, not Infinity
         return 0
     fits = (f"{result.tokens_per_s:,.0f} tokens/s, step {result.step_s:.2f} s" if result.fits else "does not fit")
+    peak = (f"peak {result.peak_device_bytes / 2**30:.1f} GiB per device" if math.isfinite(result.peak_device_bytes)
+            else "no peak (no plan)")
     print(f"modelled: {args.system} on {point.gpus}x {point.hardware.name}, {point.shape.name}"
           f"{' LoRA r' + str(point.lora_rank) if point.lora_rank else ''}, seq {point.seq_len}: {fits}; "
-          f"peak {result.peak_device_bytes / 2**30:.1f} GiB per device; longest sequence {result.max_seq_len:,}")
+          f"{peak}; longest sequence {result.max_seq_len:,}")
     for note in result.notes:
         print(f"  {note}")
     return 0

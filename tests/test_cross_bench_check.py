@@ -82,6 +82,42 @@ def test_cross_bench_check_update_rewrites_a_baseline_as_a_readable_diff(baselin
     assert text.splitlines()[1].startswith('  "about"') and '"1f1b p2 m4 unit": 15.0' in text
 
 
+def test_cross_bench_check_a_missing_baseline_folder_is_one_error_line(tmp_path, capsys):
+    assert main(["--baselines", str(tmp_path / "nonexist"), "--only", "ratios"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("error: no baseline ") and len(captured.err.splitlines()) == 1
+
+
+def test_cross_bench_check_update_of_matching_keys_keeps_every_other_figure(baselines, capsys):
+    key = modelled_key("zero2", "qwen3-1.7b", "a800", 8)
+    stored = json.loads((baselines / "modelled.json").read_text())
+    for group in stored["figures"].values():
+        del group[key]  # as if the figure were new
+    plant_text = json.dumps(stored, indent=2, sort_keys=True) + "\n"
+    (baselines / "modelled.json").write_text(plant_text)
+    assert main(["--baselines", str(baselines), "--only", "modelled", "--update", "--key", "zero2 qwen3-1.7b a8*"]) == 0
+    assert (baselines / "modelled.json").read_text() == (BASELINES / "modelled.json").read_text()  # put back alone
+    assert main(["--baselines", str(baselines), "--only", "modelled", "--key", key]) == 0
+    assert "modelled: 0 drop, 0 missing, 0 gain, 0 new" in capsys.readouterr().out
+    assert main(["--baselines", str(baselines), "--only", "modelled", "--update", "--key", "nothing *"]) == 2
+    assert "error: --key nothing *: matches no figure of modelled" in capsys.readouterr().err
+    assert (baselines / "modelled.json").read_text() == (BASELINES / "modelled.json").read_text()  # untouched
+
+
+def test_cross_bench_check_tracks_the_datacenter_zbv_over_1f1b_claim():
+    """README: zbv 1.05-1.18x torch 1F1B on 8 A800 / MI300X / H200, 1.14-1.15x on the 235B LoRA (modelled)."""
+    stored = json.loads((BASELINES / "modelled.json").read_text())["figures"]
+    for hw in ("mi300x", "h200"):
+        for model in ("qwen3-1.7b", "llama-3.1-8b", "qwen3-32b", "qwen3-235b-a22b"):
+            zbv, base = (stored["tokens_per_s"][modelled_key(s, model, hw, 8)] for s in ("zbv", "1f1b"))
+            assert 1.05 <= round(zbv / base, 2) <= 1.18, (model, hw)
+            if model == "qwen3-235b-a22b":
+                assert 1.14 <= round(zbv / base, 2) <= 1.15, hw
+            assert stored["max_seq_len"][modelled_key("zbv", model, hw, 8)] > 0
+    cheap = {modelled_key("1f1b", m, hw, 8) for m in ("qwen3-1.7b", "qwen3-235b-a22b") for hw in ("mi300x", "h200")}
+    assert not [f.line() for f in check_set(SETS["modelled"], BASELINES, keys=cheap)]
+
+
 def _run(folder: Path, name: str, medians: dict, samples: dict, machine: str = "test-machine") -> Path:
     path = folder / name
     path.write_text(json.dumps({

@@ -76,6 +76,46 @@ def test_cross_modelled_cli_prints_one_point_as_json():
         predict("zero-infinity", Point(shape=shape("qwen3-1.7b"), hardware=RTX_4090, gpus=8, seq_len=2048)).tokens_per_s)
 
 
+def _strict(text: str):
+    """``json.loads`` as node, Go or jq read JSON: ``Infinity`` and ``NaN`` are errors."""
+    def refuse(name):
+        raise ValueError(f"not JSON: {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_cross_modelled_cli_json_of_a_point_that_does_not_fit_is_strict_json(capsys):
+    """A point with no plan (more stages than layers) has an infinite step and peak: ``null`` in JSON, and the
+    human-readable line still says it does not fit."""
+    from bench.model import main
+
+    args = ["--hardware", "rtx4090", "--gpus", "64", "--model", "qwen3-1.7b", "--system", "1f1b"]
+    assert main([*args, "--json"]) == 0
+    data = _strict(capsys.readouterr().out)
+    assert data["fits"] is False and data["tokens_per_s"] == 0.0
+    assert data["step_s"] is None and data["peak_device_bytes"] is None
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "does not fit" in out and "inf" not in out
+
+
+def test_cross_modelled_strict_json_maps_every_non_finite_float_to_null():
+    from bench.strict_json import dumps
+
+    assert dumps({"a": math.inf, "b": [1.5, -math.inf, (math.nan, 2)], "c": {"d": math.nan}}) == (
+        '{"a": null, "b": [1.5, null, [null, 2]], "c": {"d": null}}')
+
+
+def test_cross_modelled_cli_a_missing_hardware_file_is_one_error_line(capsys):
+    from bench.model import main
+
+    assert main(["--hardware", "/nonexist.yaml", "--gpus", "2", "--system", "1f1b"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("error: --hardware /nonexist.yaml: no such profile file")
+    assert len(captured.err.splitlines()) == 1
+
+
 def test_cross_modelled_cli_prices_the_cpu_profile_file_with_its_small_op_rates():
     """``--hardware bench/modelled/cpu.yaml`` loads the measured small-op rates beside it (cpu_ops.yaml),
     as the calibration does (``cpu_hardware``); ``load_hardware`` alone left them out and priced the CPU

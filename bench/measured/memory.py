@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import os
 import threading
 import time
+
+from bench.strict_json import dumps
 
 from .common import peak_rss_bytes, rss_bytes
 from .runner import PROBE_STEPS, PROBE_WARMUP, _runner, probe_scenario
@@ -194,7 +195,7 @@ def main(argv=None) -> int:
                 if args.per_action:
                     print("   " + ", ".join(f"{a} {b / 2**20:.0f}/{c / 2**20:.0f}" for a, b, c in r["actions"]))
     if args.json:
-        print(json.dumps(out, indent=1))
+        print(dumps(out, indent=1))
     return 0
 
 

@@ -163,6 +163,8 @@ class PoolPlan(NamedTuple):
     steady_ms: float
     """Pool steps overlapped as ``RoundRobinPipeline.steps`` runs them: the steady period (``pool_steady_state``
     with ``load_stream=True``) times the pool steps."""
+    last_gpus: int
+    """GPUs that run some of the fused last group's micro-batches (its weights fit each of them)."""
 
     def over(self, steps: int) -> PoolPlan:
         """One pool step's plan with its times over ``steps`` pool steps."""
@@ -249,8 +251,9 @@ def _pool_plan_at(point: Point, microbatches: int, *, synchronous: bool = False)
     loads = sum(costs.load[a.stage] if a.kind is Kind.LOAD else costs.store[a.stage]
                 for _, _, a in schedule.all_actions() if a.kind in (Kind.LOAD, Kind.STORE))  # a split job's on each GPU
     last = groups.last_stage
-    busiest = max(len({a.microbatch for a in row if a.stage == last and a.microbatch is not None})
-                  for row in schedule.actions)  # the fused group's micro-batches on its busiest GPU (all unsplit)
+    per_gpu = [len({a.microbatch for a in row if a.stage == last and a.microbatch is not None})
+               for row in schedule.actions]  # the fused group's micro-batches on each GPU (all unsplit)
+    busiest = max(per_gpu)
     last_ms = (costs.forward[last] + costs.backward_input[last] + costs.backward_weight[last]) * busiest
     work = sum(costs.backward_input) + sum(costs.backward_weight)  # zero for forward jobs
     work += sum(costs.recompute[j] if groups.role(j) == "backward" else costs.forward[j]
@@ -258,7 +261,7 @@ def _pool_plan_at(point: Point, microbatches: int, *, synchronous: bool = False)
     even_ms = (work * microbatches + loads) / point.gpus
     overlapped = pool_steady_state(schedule, costs, iterations=STEADY_ITERATIONS, load_stream=True)
     return PoolPlan(groups, timeline.makespan, peak, bandwidth, microbatches, loads, last_ms, even_ms,
-                    overlapped.makespan, overlapped.period)
+                    overlapped.makespan, overlapped.period, sum(n > 0 for n in per_gpu))
 
 
 def _more_groups(prof, point: Point, microbatches: int, bandwidth: float, cap: float, synchronous: bool = False):
@@ -344,9 +347,11 @@ def _plan_note(plan: PoolPlan, point: Point, ranked_by: str) -> str:
 
 
 def _plan_details(plan: PoolPlan, point: Point) -> dict:
+    """Seconds of the step's parts, and the fused last group's layers and GPUs (the report's prose quotes them)."""
     return dict(single_step_s=_compute_ms(plan, point, synchronous=True) / 1e3, steady_step_s=plan.steady_ms / 1e3,
                 serial_loads_step_s=plan.makespan_ms / 1e3, transfer_s_all_jobs=plan.transfer_ms / 1e3,
-                fused_last_group_s=plan.last_ms / 1e3, work_spread_evenly_s=plan.even_ms / 1e3)
+                fused_last_group_s=plan.last_ms / 1e3, work_spread_evenly_s=plan.even_ms / 1e3,
+                fused_last_group_layers=plan.groups.last, fused_last_group_gpus=plan.last_gpus)
 
 
 def roundrobin(point: Point) -> Prediction:

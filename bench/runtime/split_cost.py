@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 from bench.measured.scenario import TinyShape  # noqa: E402
 from bench.measured.tiny import DecoderLayer  # noqa: E402
 from bench.runtime.record import write_section  # noqa: E402
+from bench.strict_json import dumps  # noqa: E402
 from bubbleless_runtime import defer_weight_grads, run_weight_grads  # noqa: E402
 from bubbleless_runtime.split_backward import _deferrable, _DeferredLinear  # noqa: E402
 
@@ -171,7 +172,7 @@ def main() -> None:
     shape = ["--block", args.block, "--width", str(args.width), "--tokens", str(args.tokens), "--layers", str(args.layers),
              "--repeats", str(args.repeats), "--threads", str(args.threads)]
     if args.json:
-        print(json.dumps(measure(args.block, args.width, args.tokens, args.layers, args.repeats)))
+        print(dumps(measure(args.block, args.width, args.tokens, args.layers, args.repeats)))
         return
     default = rows(measure(args.block, args.width, args.tokens, args.layers, args.repeats))
     child = subprocess.run([sys.executable, __file__, "--json", *shape], env={**os.environ, **KEEP_FREED_MEMORY},
