@@ -334,9 +334,29 @@ def host_optimizer_s(point: Point) -> float:
 
 
 def _pool_longest(point: Point) -> int:
-    """The longest sequence on one-layer groups (the module docstring), either optimizer."""
+    """The longest sequence on one-layer groups (the module docstring), either optimizer. A GPU's bytes
+    alone: the host memory it needs there (``pool_host_bytes``) is reported beside it, not taken as a limit
+    (no hardware profile gives a server's RAM)."""
     return longest_sequence(lambda s: _pool_peak_one_layer_groups(point.at(micro_batch=1), s),
                             usable_bytes(point.hardware))
+
+
+HOST_STATE_BYTES = {"trainable": 2 + 4 + 4 + 8, "frozen": 2, "asynchronous": 6}
+"""Host bytes per parameter ``HostStore`` keeps: a trained one its working bf16 copy, fp32 master, fp32
+gradient accumulator and AdamW's two fp32 moments; a frozen one its working copy; the one-step-stale
+optimizer 6 more per trained one (a second accumulator and working buffer)."""
+
+
+def pool_host_bytes(point: Point, seq_len: int, *, asynchronous: bool = True) -> tuple[float, float]:
+    """(the model's state, the saved layer inputs) the pool holds in host memory at ``seq_len`` tokens on
+    one-layer groups, at least: every backward group's input of one sequence per GPU (a pool step runs at
+    least one micro-batch per GPU, and keeps each forward job's input until its backward recomputes it)."""
+    trained = trainable_params(point)
+    frozen = point.shape.parameter_count() - trained if point.lora_rank is not None else 0.0
+    per_trained = HOST_STATE_BYTES["trainable"] + (HOST_STATE_BYTES["asynchronous"] if asynchronous else 0)
+    state = trained * per_trained + frozen * HOST_STATE_BYTES["frozen"]
+    inputs = point.gpus * (point.shape.num_layers + 1) * hidden_bytes(point, seq_len)
+    return state, inputs
 
 
 def _plan_note(plan: PoolPlan, point: Point, ranked_by: str) -> str:
@@ -379,9 +399,10 @@ def roundrobin(point: Point) -> Prediction:
         + ("" if overlaps else " (a cpu profile: the synchronous step is the prediction)")
         + f", {point.tokens / step:,.0f} tokens/s; the synchronous optimizer, planned for it: roundrobin-sync",
     ]
-    return done("roundrobin", point, step, plan.peak_bytes, _pool_longest(point), notes,
+    longest = _pool_longest(point)
+    return done("roundrobin", point, step, plan.peak_bytes, longest, notes + [_host_note(point, longest)],
                 compute_s=compute, optimizer_s=optimizer, hand_off_s=hand_off if overlaps else 0.0,
-                **_plan_details(plan, point))
+                **_plan_details(plan, point), **_host_details(point, longest))
 
 
 def roundrobin_synchronous(point: Point) -> Prediction:
@@ -398,8 +419,22 @@ def roundrobin_synchronous(point: Point) -> Prediction:
     notes = [_plan_note(plan, point, "one pool step's makespan (objective='makespan')"),
              f"synchronous optimizer (RoundRobinPipeline's default): step() per pool step ({how}), step {step:.2f} s "
              f"= compute {compute:.2f} + CPU AdamW {optimizer:.2f}, {point.tokens / step:,.0f} tokens/s"]
-    return done("roundrobin-sync", point, step, plan.peak_bytes, _pool_longest(point), notes,
-                compute_s=compute, optimizer_s=optimizer, hand_off_s=0.0, **_plan_details(plan, point))
+    longest = _pool_longest(point)
+    return done("roundrobin-sync", point, step, plan.peak_bytes, longest,
+                notes + [_host_note(point, longest, asynchronous=False)], compute_s=compute, optimizer_s=optimizer,
+                hand_off_s=0.0, **_plan_details(plan, point), **_host_details(point, longest, asynchronous=False))
+
+
+def _host_details(point: Point, longest: int, *, asynchronous: bool = True) -> dict:
+    state, inputs = pool_host_bytes(point, max(longest, 1), asynchronous=asynchronous)
+    return dict(host_state_bytes=state, host_inputs_bytes_at_max_seq=inputs)
+
+
+def _host_note(point: Point, longest: int, *, asynchronous: bool = True) -> str:
+    state, inputs = pool_host_bytes(point, max(longest, 1), asynchronous=asynchronous)
+    return (f"host memory at the longest sequence ({longest:,} tokens), at least: {state / 1e9:,.0f} GB of model "
+            f"state + {inputs / 1e9:,.0f} GB of saved layer inputs (one sequence per GPU); not a limit here, no "
+            "profile gives a server's RAM")
 
 
 register("roundrobin", modelled=roundrobin, description="ours: round-robin device pool, host-resident state, "

@@ -206,10 +206,28 @@ _NUMBERS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight"
 
 
 def why(grid: Grid) -> list[str]:
-    """The prose after the verdict: ``WHY`` with the fused last group of Qwen3-1.7B and Qwen3-32B as planned."""
+    """The prose after the verdict: ``WHY`` with the fused last group of Qwen3-1.7B and Qwen3-32B as planned,
+    and the host memory round-robin's longest sequences need (``_host_memory``)."""
     fused = (f"({_fused_group(grid, 'qwen3-1.7b')}; the column 'fused last group alone' is the busiest GPU's "
              f"share; {_fused_group(grid, 'qwen3-32b')})")
-    return [part.replace(FUSED_GROUPS, fused) for part in WHY]
+    return [part.replace(FUSED_GROUPS, fused) for part in WHY] + [_host_memory(grid)]
+
+
+def _host_memory(grid: Grid, hw: str = "rtx4090", gpus: int = 8) -> str:
+    """What round-robin's longest sequences ask of the host, from each headline row's own figures
+    (``ours_pool.pool_host_bytes``: the model's state and one sequence's layer inputs per GPU), of the rows
+    computed already (the headline's)."""
+    parts = []
+    for model in MODELS:
+        p = grid.cache.get(("roundrobin", model, hw, gpus, SEQ_LEN))
+        if p is not None and p.fits and "host_state_bytes" in p.details:
+            state, inputs = p.details["host_state_bytes"], p.details["host_inputs_bytes_at_max_seq"]
+            parts.append(f"{shape(model).name} {(state + inputs) / 1e9:,.0f} GB ({state / 1e9:,.0f} of state)")
+    if not parts:
+        return ""
+    return ("Those longest sequences are bounded by GPU memory alone: the pool keeps every layer's input of "
+            "each micro-batch in host memory until its backward, and no hardware profile gives a server's RAM, "
+            f"so none is enforced. At them it needs at least (8x RTX 4090): {'; '.join(parts)}.")
 
 
 FUSED_GROUPS = "(FUSED_GROUPS)"
