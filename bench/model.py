@@ -8,9 +8,9 @@
 
 Every number printed is modelled (``"modelled": true``); see bench/modelled/ for each model's assumptions.
 ``max_seq_len`` is the longest sequence the plan chosen at ``--seq-len`` trains (a stage-bound system's cut,
-the round-robin pool's one-layer groups): another ``--seq-len`` may choose another cut with another longest
-sequence, and a point that does not fit at ``--seq-len`` may report a longer one its plan does not reach
-there. The cut is chosen for speed alone, as the runtime's ``partition="auto"`` does without a memory cap.
+the round-robin pool's one-layer groups). Another ``--seq-len`` may choose another cut with another longest
+sequence, so a length below one point's ``max_seq_len`` may not fit when asked for itself: the cut is chosen
+for speed alone, as the runtime's ``partition="auto"`` does without a memory cap.
 """
 
 from __future__ import annotations
