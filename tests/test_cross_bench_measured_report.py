@@ -53,6 +53,13 @@ def test_cross_bench_measured_the_goal_verdict_uses_the_paired_median(tmp_path):
     assert "| zbv | yes | 3,800 |" in text and "| 0.95x (0.95-1.90) |" in text  # absolute pooled, ratio paired
 
 
+def test_cross_bench_measured_one_round_judges_no_goal():
+    systems = _systems({"zbv": [3800.0], "1f1b": [2000.0]})  # 1.9x in one round: a smoke test's luck
+    (line,) = goals(SMALL, systems, {})
+    assert "1.90x tokens/s (not judged: one round is a smoke test, not evidence" in line, line
+    assert "(met" not in line and "NOT met;" not in line
+
+
 def test_cross_bench_measured_a_failed_round_does_not_shift_the_pairing():
     runs = [_run(1900.0, 0), {"error": "RuntimeError: died", "round": 1}, _run(3800.0, 2)]
     systems = {"zbv": runner.merge(SMALL, runs), **_systems({"1f1b": [2000.0, 1000.0, 4000.0]})}
