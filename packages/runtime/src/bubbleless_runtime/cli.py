@@ -13,6 +13,13 @@ This module is the command line (parser, config, exit codes) and the launcher; t
 ``train_loop.py`` (``run_rank``, ``run_pool``, re-exported here) over what ``train_pipelines.py`` builds.
 ``main`` and ``launch`` call ``run_rank`` and ``run_pool`` through this module's names, so a test that
 patches ``cli.run_rank`` stops what ``main`` would start.
+
+Exit codes: 0 done; 2 the user's input is wrong, one line ``bubbleless: <message>`` on stderr; 1 anything
+else, with its traceback (a rank that died or stalled: one line naming it); 128 + N stopped by signal N.
+A ``ValueError`` means the input is wrong and its message says what to change (the project's convention),
+wherever it is raised: checking the config before any process starts, setting up or training in this process
+(``run_pool``, ``run_rank``), or in a spawned rank (``launch.spawn`` raises the root cause again with its type,
+so the message is printed once for the run, not once per rank).
 """
 
 from __future__ import annotations
@@ -136,6 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     except RankFailure as failure:  # a rank died or stalled: its traceback, if any, is in its own output
         print(f"bubbleless: {failure}", file=sys.stderr)
         return 1
+    except ValueError as error:  # the user's input, found while setting up or training (note below)
+        print(f"bubbleless: {error}", file=sys.stderr)
+        if under_torchrun():
+            _end_rank_process(2)
+        return 2
     return 0
 
 

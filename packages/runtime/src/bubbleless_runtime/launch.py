@@ -5,7 +5,8 @@
   present and gloo otherwise, and initialises the default process group.
 - ``spawn(fn, nproc, *args)``: starts ``nproc`` local processes on gloo (what ``bubbleless train --nproc``
   uses), calls ``fn(rank, *args)`` in each, and returns the per-rank results. A child's exception is
-  raised again in the parent, same type, with the child's traceback attached as its cause; a child that
+  raised again in the parent, same type (one that does not pickle: a ``RuntimeError`` with its text, a
+  ``ValueError`` staying a ``ValueError``), with the child's traceback attached as its cause; a child that
   dies without a report (killed, ``os._exit``) or stalls becomes a ``RankFailure`` naming the rank and
   how (signal, exit code, process state). Of several failures the root cause is raised, never a
   survivor's ``PipelineCommError`` (``rank_failures``). No child outlives the call or the launcher.
@@ -90,7 +91,8 @@ def _child(rank, nproc, port, backend, threads, pg_timeout, fn, args, reports, l
         try:  # the queue pickles in a feeder thread, where a failure would be lost: check here
             pickle.loads(pickle.dumps(exc))
         except Exception:  # noqa: BLE001 - the exception itself does not round-trip: send its text
-            exc = RuntimeError(f"{type(exc).__name__}: {exc}")
+            # a ValueError stays one (the user's input is wrong: ``bubbleless train`` prints its message only)
+            exc = ValueError(str(exc)) if isinstance(exc, ValueError) else RuntimeError(f"{type(exc).__name__}: {exc}")
         reports.put((rank, "error", exc, text))
     finally:
         if dist.is_initialized():

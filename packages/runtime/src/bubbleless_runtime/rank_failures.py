@@ -10,7 +10,8 @@ so the launcher collects them for a short grace period and ranks them, root caus
 4. communication errors of survivors; 5. the whole run's timeout.
 
 A root cause that is an exception is raised again with its type, the child's traceback as its cause and
-a note naming the rank and the consequences; any other becomes ``RankFailure``.
+a note naming the rank and the consequences; any other becomes ``RankFailure``. A ``ValueError`` stays one
+(the user's input is wrong: ``bubbleless train`` prints its message alone, once, and exits with code 2).
 """
 
 from __future__ import annotations

@@ -144,30 +144,37 @@ def _train(config: RunConfig, *, rank: int, stop: StopRequest | None = None) -> 
     bar = _progress(rank, total=steps, initial=trainer.step)
     metrics = open_metrics(out, rank=rank, resume_step=trainer.step)  # out/metrics.jsonl, TensorBoard
     first = trainer.step
-    while trainer.step < steps:  # stretches between evaluations and saves (the pool overlaps the steps of one)
-        for stats in trainer.train_steps(data, _stretch(trainer.step, steps, config, evaluation), stop=stop):
-            if trainer.step == first + 1:
-                steady_timeouts(config)
-            losses.append(stats.loss)
-            due = evaluation is not None and evaluation.due(trainer.step, steps)
-            eval_loss = evaluation.run(trainer) if due else None
-            if bar is not None and eval_loss is not None:
-                bar.write(f"step {trainer.step}: eval loss {eval_loss:.4f}")
-            if metrics is not None:
-                metrics.log_stats(stats, eval_loss=eval_loss)
-            if warm or trainer.step == steps:  # the first step pays one-off setup; keep it out of tokens/s
-                # (stats.tokens counts non-padding tokens only: padding never inflates tokens/s)
-                tokens, seconds = tokens + stats.tokens, seconds + stats.seconds
-            warm = True
-            if bar is not None and (trainer.step % config.train.log_every == 0 or trainer.step == steps):
-                bar.set_postfix(loss=f"{stats.loss:.3f}", tok_s=f"{tokens / max(seconds, 1e-9):,.0f}")
-            if bar is not None:
-                bar.update(1)
-            every = config.train.save_every
-            if every and trainer.step % every == 0 and trainer.step < steps:
-                trainer.save(os.path.join(out, f"checkpoint-{trainer.step}"), keep=config.train.keep_checkpoints)
-            if stats.stop_signal is not None:  # the same on every rank: all stop after this step
-                _stopped(config, trainer, stats.stop_signal, bar)
+    try:
+        # stretches between evaluations and saves (the pool overlaps the steps of one)
+        while trainer.step < steps:
+            for stats in trainer.train_steps(data, _stretch(trainer.step, steps, config, evaluation), stop=stop):
+                if trainer.step == first + 1:
+                    steady_timeouts(config)
+                losses.append(stats.loss)
+                due = evaluation is not None and evaluation.due(trainer.step, steps)
+                eval_loss = evaluation.run(trainer) if due else None
+                if bar is not None and eval_loss is not None:
+                    bar.write(f"step {trainer.step}: eval loss {eval_loss:.4f}")
+                if metrics is not None:
+                    metrics.log_stats(stats, eval_loss=eval_loss)
+                if warm or trainer.step == steps:  # the first step pays one-off setup; keep it out of tokens/s
+                    # (stats.tokens counts non-padding tokens only: padding never inflates tokens/s)
+                    tokens, seconds = tokens + stats.tokens, seconds + stats.seconds
+                warm = True
+                if bar is not None and (trainer.step % config.train.log_every == 0 or trainer.step == steps):
+                    bar.set_postfix(loss=f"{stats.loss:.3f}", tok_s=f"{tokens / max(seconds, 1e-9):,.0f}")
+                if bar is not None:
+                    bar.update(1)
+                every = config.train.save_every
+                if every and trainer.step % every == 0 and trainer.step < steps:
+                    trainer.save(os.path.join(out, f"checkpoint-{trainer.step}"),
+                                 keep=config.train.keep_checkpoints)
+                if stats.stop_signal is not None:  # the same on every rank: all stop after this step
+                    _stopped(config, trainer, stats.stop_signal, bar)
+    except BaseException:
+        if bar is not None:  # end the bar's line: the error's message (cli.main) starts a line of its own
+            bar.close()
+        raise
     if bar is not None:
         bar.close()
     if metrics is not None:
