@@ -159,6 +159,7 @@ def stage_pipeline(config: RunConfig, piped, loss, sample_input, *, rank: int, s
         sample_input=sample_input,
         memory_cap=config.pipeline.memory_cap,
         device=device,
+        timeout=config.pipeline.timeout,
         first_step_timeout=first_step_timeout(config),
         trace=True,  # the report reads last_timeline once, on every rank, after the last step
     )
