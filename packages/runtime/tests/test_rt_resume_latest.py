@@ -1,4 +1,4 @@
-"""``--resume latest`` follows the ``latest`` file, pruning goes by when checkpoints were written, a run
+"""``--resume latest`` and pruning go by when checkpoints were written, not their steps, a run
 writing beside an earlier run's later checkpoints is warned, and ``--resume <run directory>`` resumes its
 latest checkpoint."""
 
@@ -37,16 +37,20 @@ def test_rt_resume_latest_follows_the_latest_file_and_keep_prunes_by_write_time(
     assert files.resolve("latest", str(tmp_path)) == str(tmp_path / "checkpoint-6")
 
 
-def test_rt_resume_latest_without_pruning_is_the_latest_file_not_the_highest_step(tmp_path):
+def test_rt_resume_latest_without_pruning_is_the_one_written_last_not_the_highest_step(tmp_path):
     _run(tmp_path, 10, save_every=5)
     _run(tmp_path, 4, save_every=2, seed=1)
     assert _listing(tmp_path) == ["checkpoint-10", "checkpoint-2", "checkpoint-4", "checkpoint-5", "latest"]
     assert files.resolve("latest", str(tmp_path)) == str(tmp_path / "checkpoint-4")
-    # what latest names is gone (or cut short): the complete checkpoint of the highest step, as before
+    # the one written last is gone (or cut short): the complete one written before it
     os.rename(tmp_path / "checkpoint-4", tmp_path / ".checkpoint-4.deleting")
-    assert files.resolve("latest", str(tmp_path)) == str(tmp_path / "checkpoint-10")
-    (tmp_path / "latest").write_text("../elsewhere\n")
-    assert files.resolve("latest", str(tmp_path)) == str(tmp_path / "checkpoint-10")
+    assert files.resolve("latest", str(tmp_path)) == str(tmp_path / "checkpoint-2")
+
+
+def test_rt_resume_latest_takes_a_checkpoint_published_before_a_kill_left_the_latest_file_behind(tmp_path):
+    _run(tmp_path, 9, save_every=1)
+    (tmp_path / "latest").write_text("checkpoint-8\n")  # killed after checkpoint-9's rename, before the pointer
+    assert files.resolve("latest", str(tmp_path)) == str(tmp_path / "checkpoint-9")
 
 
 def test_rt_resume_pruning_never_removes_the_checkpoint_just_written(tmp_path):
@@ -63,7 +67,7 @@ def test_rt_resume_writing_beside_later_checkpoints_warns_once(tmp_path, monkeyp
     monkeypatch.delenv("RANK", raising=False)
     _run(tmp_path, 10, save_every=5)
     with pytest.warns(UserWarning, match=r"already holds checkpoint-5, checkpoint-10, of later steps than this run "
-                                         r"starts from \(step 0\).*--resume latest follows .*latest") as caught:
+                                         r"starts from \(step 0\).*--resume latest takes the checkpoint written last") as caught:
         check_reliability(_config(tmp_path))
     assert len(caught) == 1
     with warnings.catch_warnings():

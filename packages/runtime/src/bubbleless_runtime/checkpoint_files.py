@@ -17,8 +17,10 @@ checkpoint and is removed by the next write (old checkpoints, too, are renamed a
 An ``output_dir`` may also hold an earlier run's checkpoints, of higher steps than this run's; step
 numbers alone would then pick the wrong run's. So "newest" means "written last", not "highest step":
 
-- ``latest`` (``latest_complete``) is the checkpoint the ``latest`` file names, when it names a complete
-  one; else (no such file, or what it names was removed or cut short) the complete one of the highest step.
+- ``latest`` (``latest_complete``) is the complete checkpoint written last, whatever its step (the
+  manifest's ``written`` time, as for pruning). The ``latest`` file names the same one once a write has
+  finished; a write killed between publishing its checkpoint and updating the file leaves the file one
+  behind, and the checkpoint just published is still taken.
 - Pruning keeps the checkpoint just written and the ``keep - 1`` others written last (the manifest's
   ``written`` time; for a manifest without one, the manifest file's mtime), whatever their steps.
 - ``bubbleless train`` warns when it will write checkpoints into an ``output_dir`` already holding ones of a
@@ -171,27 +173,11 @@ def newest_complete(parent: str) -> str | None:
     return found[-1][1] if found else None
 
 
-def named_by_latest(parent: str) -> str | None:
-    """The checkpoint ``<parent>/latest`` names, when the file is there and what it names is complete."""
-    try:
-        with open(os.path.join(parent, LATEST)) as f:
-            name = f.read().strip()
-    except (OSError, UnicodeDecodeError):
-        return None
-    path = os.path.join(parent, name)
-    if not _NAME.match(name) or not os.path.isdir(path):
-        return None
-    try:
-        check_complete(path)
-    except ValueError:
-        return None
-    return path
-
-
 def latest_complete(parent: str) -> str | None:
-    """What ``--resume latest`` means under ``parent``: the checkpoint ``latest`` names when complete, else
-    the complete one of the highest step (None: no complete checkpoint)."""
-    return named_by_latest(parent) or newest_complete(parent)
+    """What ``--resume latest`` means under ``parent``: the complete checkpoint written last (ties: the
+    higher step); None when there is none."""
+    found = [(_written(path, manifest), step, path) for step, path, manifest in _complete(parent)]
+    return max(found)[2] if found else None
 
 
 def _written(path: str, manifest: dict) -> float:

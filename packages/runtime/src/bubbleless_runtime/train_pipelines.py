@@ -54,8 +54,8 @@ def warn_of_later_checkpoints(config: RunConfig) -> None:
         warnings.warn(
             f"train.output_dir {t.output_dir} already holds {', '.join(later)}, of later steps than this run starts "
             f"from (step {start}): this run's checkpoints go beside them, train.keep_checkpoints prunes by when "
-            f"checkpoints were written, and --resume latest follows {os.path.join(t.output_dir, 'latest')} (this "
-            "run's newest checkpoint), not the highest step; use another --output-dir to keep runs apart",
+            "checkpoints were written, and --resume latest takes the checkpoint written last (this run's newest), "
+            "not the highest step; use another --output-dir to keep runs apart",
             UserWarning, stacklevel=2,
         )
 
